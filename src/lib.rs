@@ -1,0 +1,15 @@
+//! tidelog: a Kafka-style, partition-replicated log service.
+//!
+//! Layers, each depending only on those below it:
+//! - [`record`]: Kafka's RecordBatch v2 codec, the one parser of record bytes;
+//! - [`segment`]: one segment's `.log`, `.index` and `.timeindex` files;
+//! - [`partition`]: one partition's log: segments, offsets, roll, retention, truncation,
+//!   recovery, leader epochs, flushing;
+//! - [`cli`]: the command-line tools.
+
+pub mod cli;
+pub mod partition;
+pub mod record;
+pub mod segment;
+pub mod topic_config;
+pub mod types;

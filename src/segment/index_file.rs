@@ -1,0 +1,180 @@
+//! A memory-mapped file of fixed-size entries: the storage under both segment indexes.
+//!
+//! The file is preallocated to its capacity while the segment is active, so appends are
+//! stores into the mapping, and trimmed to exactly `entries * entry_size` bytes when the
+//! segment is sealed or closed. After a crash a file may still carry its preallocated
+//! zeros; the typed indexes on top detect that in their sanity checks and the segment
+//! rebuilds them from the log.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::path::{Path, PathBuf};
+
+use memmap2::{MmapMut, MmapOptions};
+
+/// Fixed-size entries in a memory-mapped file.
+#[derive(Debug)]
+pub struct IndexFile {
+    path: PathBuf,
+    file: File,
+    mmap: Option<MmapMut>,
+    entry_size: usize,
+    entries: usize,
+    capacity: usize,
+}
+
+impl IndexFile {
+    /// Opens or creates `path`. Every whole entry in an existing file counts as an entry
+    /// (the caller validates them). The mapping is resized to `max_bytes` (rounded down to
+    /// whole entries) when `active`, else kept at the file's size.
+    pub fn open(path: &Path, entry_size: usize, max_bytes: usize, active: bool) -> io::Result<Self> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
+        let len = file.metadata()?.len() as usize;
+        let entries = len / entry_size;
+        let mut index = Self {
+            path: path.to_path_buf(),
+            file,
+            mmap: None,
+            entry_size,
+            entries,
+            capacity: entries,
+        };
+        let capacity = if active {
+            (max_bytes / entry_size).max(entries)
+        } else {
+            entries
+        };
+        index.remap(capacity)?;
+        Ok(index)
+    }
+
+    /// Path of the file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Number of entries written.
+    pub fn entries(&self) -> usize {
+        self.entries
+    }
+
+    /// True when no entry fits anymore.
+    pub fn is_full(&self) -> bool {
+        self.entries >= self.capacity
+    }
+
+    /// Entry size in bytes.
+    pub fn entry_size(&self) -> usize {
+        self.entry_size
+    }
+
+    /// Bytes of entry `slot`.
+    pub fn entry(&self, slot: usize) -> &[u8] {
+        debug_assert!(slot < self.entries);
+        let at = slot * self.entry_size;
+        &self.mmap.as_ref().expect("mapped when entries > 0")[at..at + self.entry_size]
+    }
+
+    /// Appends one entry. The caller checks [`IndexFile::is_full`] first.
+    pub fn push(&mut self, entry: &[u8]) {
+        assert_eq!(entry.len(), self.entry_size);
+        assert!(!self.is_full(), "index {} is full", self.path.display());
+        let at = self.entries * self.entry_size;
+        self.mmap.as_mut().expect("mapped when capacity > 0")[at..at + self.entry_size]
+            .copy_from_slice(entry);
+        self.entries += 1;
+    }
+
+    /// Forgets every entry from `slot` on (their bytes are zeroed).
+    pub fn truncate_entries(&mut self, slot: usize) {
+        if slot >= self.entries {
+            return;
+        }
+        let from = slot * self.entry_size;
+        let to = self.entries * self.entry_size;
+        if let Some(map) = self.mmap.as_mut() {
+            map[from..to].fill(0);
+        }
+        self.entries = slot;
+    }
+
+    /// Changes the capacity (entries) and the file length to match.
+    pub fn resize(&mut self, capacity: usize) -> io::Result<()> {
+        self.remap(capacity.max(self.entries))
+    }
+
+    /// Shrinks the file to exactly the entries written.
+    pub fn trim(&mut self) -> io::Result<()> {
+        self.remap(self.entries)
+    }
+
+    /// Writes the mapping's dirty pages to disk.
+    pub fn flush(&self) -> io::Result<()> {
+        match &self.mmap {
+            Some(map) => map.flush(),
+            None => Ok(()),
+        }
+    }
+
+    fn remap(&mut self, capacity: usize) -> io::Result<()> {
+        if let Some(map) = self.mmap.take() {
+            map.flush()?;
+        }
+        let len = capacity * self.entry_size;
+        if self.file.metadata()?.len() != len as u64 {
+            self.file.set_len(len as u64)?;
+        }
+        self.capacity = capacity;
+        if len > 0 {
+            // SAFETY: the file is owned by this partition (directory lock) and only this
+            // struct changes its length, so the mapping never outlives the bytes under it.
+            self.mmap = Some(unsafe { MmapOptions::new().len(len).map_mut(&self.file)? });
+        }
+        Ok(())
+    }
+
+    /// Binary search: the last slot whose key (`key(slot)`) is `<= target`, if any.
+    ///
+    /// Keys must be non-decreasing over slots.
+    pub fn last_slot_at_or_below<K: Ord>(
+        &self,
+        target: K,
+        key: impl Fn(&[u8]) -> K,
+    ) -> Option<usize> {
+        let (mut lo, mut hi) = (0usize, self.entries);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if key(self.entry(mid)) <= target {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo.checked_sub(1)
+    }
+
+    /// Removes the file from disk (the mapping stays valid until drop).
+    pub fn delete(&self) -> io::Result<()> {
+        remove_if_exists(&self.path)
+    }
+
+    /// Renames the file, e.g. to add the `.deleted` suffix.
+    pub fn rename(&mut self, to: &Path) -> io::Result<()> {
+        std::fs::rename(&self.path, to)?;
+        self.path = to.to_path_buf();
+        Ok(())
+    }
+}
+
+/// Deletes `path`, treating "already gone" as success.
+pub fn remove_if_exists(path: &Path) -> io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}

@@ -1,0 +1,108 @@
+//! The `.log` file of one segment: record batches back to back, appended at the end.
+//!
+//! Writes go to the end with positioned writes; readers use positioned reads through a
+//! shared handle, so a read never moves a cursor the writer depends on. `size` is the
+//! number of bytes holding complete batches: bytes past it (a torn write) are not
+//! visible through this type and are cut off by recovery.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::index_file::remove_if_exists;
+
+/// One segment's record-batch file.
+#[derive(Debug)]
+pub struct LogFile {
+    path: PathBuf,
+    file: Arc<File>,
+    size: u64,
+}
+
+impl LogFile {
+    /// Opens (or creates) `path`; every byte in the file counts until recovery says otherwise.
+    pub fn open(path: &Path) -> io::Result<Self> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
+        let size = file.metadata()?.len();
+        Ok(Self {
+            path: path.to_path_buf(),
+            file: Arc::new(file),
+            size,
+        })
+    }
+
+    /// Path of the file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Bytes in the file.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// A shared handle for positioned reads (and fsync) without holding the log's lock.
+    pub fn handle(&self) -> Arc<File> {
+        Arc::clone(&self.file)
+    }
+
+    /// Appends `data` at the end; returns the position it was written at.
+    pub fn append(&mut self, data: &[u8]) -> io::Result<u64> {
+        let position = self.size;
+        self.file.write_all_at(data, position)?;
+        self.size += data.len() as u64;
+        Ok(position)
+    }
+
+    /// Reads into `buf` from `position`, stopping at the end of the file.
+    pub fn read_at(&self, position: u64, buf: &mut [u8]) -> io::Result<usize> {
+        read_at_most(&self.file, position, buf)
+    }
+
+    /// Flushes written data to disk (fdatasync).
+    pub fn flush(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    /// Cuts the file to `size` bytes.
+    pub fn truncate_to(&mut self, size: u64) -> io::Result<()> {
+        if size < self.size || self.file.metadata()?.len() != size {
+            self.file.set_len(size)?;
+        }
+        self.size = size;
+        Ok(())
+    }
+
+    /// Renames the file, e.g. to add the `.deleted` suffix.
+    pub fn rename(&mut self, to: &Path) -> io::Result<()> {
+        std::fs::rename(&self.path, to)?;
+        self.path = to.to_path_buf();
+        Ok(())
+    }
+
+    /// Removes the file from disk; open handles keep working until dropped.
+    pub fn delete(&self) -> io::Result<()> {
+        remove_if_exists(&self.path)
+    }
+}
+
+/// Positioned read that fills as much of `buf` as the file has.
+pub fn read_at_most(file: &File, position: u64, buf: &mut [u8]) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], position + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}

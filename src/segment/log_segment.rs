@@ -1,0 +1,585 @@
+//! One segment: a `.log` file with its `.index` and `.timeindex`, named by base offset.
+//!
+//! Invariants, checked on append and re-established by recovery:
+//! - batches are contiguous: the first starts at the base offset, each next one at the
+//!   previous one's last offset + 1;
+//! - every offset is below `base_offset + 2^32` and every position below 2^31, so both
+//!   fit the indexes' 32-bit relative fields;
+//! - index entries only point at batch starts and strictly increase.
+//!
+//! Segments know nothing of roll or retention policy; the partition decides those.
+
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::record::{BatchHeader, BatchIter, HEADER_LEN};
+
+use super::log_file::{read_at_most, LogFile};
+use super::offset_index::{OffsetIndex, OffsetPosition};
+use super::scan::{BatchScanner, ScanError};
+use super::time_index::TimeIndex;
+use super::SegmentError;
+
+/// Suffix of a segment's record file.
+pub const LOG_SUFFIX: &str = "log";
+/// Suffix of a segment's offset index.
+pub const INDEX_SUFFIX: &str = "index";
+/// Suffix of a segment's time index.
+pub const TIME_INDEX_SUFFIX: &str = "timeindex";
+/// Suffix added to files scheduled for deletion.
+pub const DELETED_SUFFIX: &str = "deleted";
+/// Largest batch a scan accepts: anything bigger cannot have been written by us.
+const MAX_SCAN_BATCH_BYTES: u64 = i32::MAX as u64;
+/// Largest position the offset index can hold.
+pub const MAX_SEGMENT_BYTES: u64 = i32::MAX as u64;
+
+/// Path of a segment file: `<dir>/<base offset, 20 digits>.<suffix>`.
+pub fn segment_file(dir: &Path, base_offset: u64, suffix: &str) -> PathBuf {
+    dir.join(format!("{base_offset:020}.{suffix}"))
+}
+
+/// Settings a segment needs; the partition derives them from its topic config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentConfig {
+    /// Bytes of batches between offset-index entries.
+    pub index_interval_bytes: u64,
+    /// Preallocated size of each index file; a full index forces a roll.
+    pub index_max_bytes: usize,
+}
+
+/// Where a batch sits in the segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchLocation {
+    /// Byte position of the batch in the `.log` file.
+    pub position: u64,
+    /// Its header.
+    pub header: BatchHeader,
+}
+
+/// What recovery found in a segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecoveryOutcome {
+    /// Valid batches kept.
+    pub batches: u64,
+    /// Bytes cut off the end (0 when the segment was intact).
+    pub truncated_bytes: u64,
+    /// Why the scan stopped early, if it did.
+    pub problem: Option<String>,
+}
+
+/// One segment of a partition log.
+#[derive(Debug)]
+pub struct LogSegment {
+    base_offset: u64,
+    log: LogFile,
+    offset_index: OffsetIndex,
+    time_index: TimeIndex,
+    config: SegmentConfig,
+    bytes_since_index_entry: u64,
+    next_offset: u64,
+    max_timestamp: i64,
+    offset_of_max_timestamp: u64,
+    /// Max timestamp of the first batch: the basis for `segment.ms` rolls.
+    first_batch_timestamp: Option<i64>,
+}
+
+impl LogSegment {
+    /// Creates a new, empty, active segment starting at `base_offset`. Existing files with
+    /// the same name are replaced.
+    pub fn create(dir: &Path, base_offset: u64, config: SegmentConfig) -> Result<Self, SegmentError> {
+        for suffix in [LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX] {
+            let path = segment_file(dir, base_offset, suffix);
+            super::index_file::remove_if_exists(&path).map_err(|e| SegmentError::io(&path, e))?;
+        }
+        Self::open(dir, base_offset, config, true)
+    }
+
+    /// Opens a segment's files as they are. Call [`LogSegment::load`] (trusting a clean
+    /// shutdown) or [`LogSegment::recover`] (after a crash) before using it.
+    pub fn open(
+        dir: &Path,
+        base_offset: u64,
+        config: SegmentConfig,
+        active: bool,
+    ) -> Result<Self, SegmentError> {
+        let log_path = segment_file(dir, base_offset, LOG_SUFFIX);
+        let index_path = segment_file(dir, base_offset, INDEX_SUFFIX);
+        let time_path = segment_file(dir, base_offset, TIME_INDEX_SUFFIX);
+        let log = LogFile::open(&log_path).map_err(|e| SegmentError::io(&log_path, e))?;
+        let offset_index = OffsetIndex::open(&index_path, base_offset, config.index_max_bytes, active)
+            .map_err(|e| SegmentError::io(&index_path, e))?;
+        let time_index = TimeIndex::open(&time_path, base_offset, config.index_max_bytes, active)
+            .map_err(|e| SegmentError::io(&time_path, e))?;
+        Ok(Self {
+            base_offset,
+            log,
+            offset_index,
+            time_index,
+            config,
+            bytes_since_index_entry: 0,
+            next_offset: base_offset,
+            max_timestamp: -1,
+            offset_of_max_timestamp: base_offset,
+            first_batch_timestamp: None,
+        })
+    }
+
+    /// Offset of the segment's first record (and its file name).
+    pub fn base_offset(&self) -> u64 {
+        self.base_offset
+    }
+
+    /// Offset after the segment's last record.
+    pub fn next_offset(&self) -> u64 {
+        self.next_offset
+    }
+
+    /// Bytes in the `.log` file.
+    pub fn size(&self) -> u64 {
+        self.log.size()
+    }
+
+    /// True when the segment holds no batch.
+    pub fn is_empty(&self) -> bool {
+        self.log.size() == 0
+    }
+
+    /// Largest record timestamp in the segment, -1 when empty.
+    pub fn max_timestamp(&self) -> i64 {
+        self.max_timestamp
+    }
+
+    /// Max timestamp of the first batch, the basis for time-based rolling.
+    pub fn first_batch_timestamp(&self) -> Option<i64> {
+        self.first_batch_timestamp
+    }
+
+    /// Path of the `.log` file.
+    pub fn log_path(&self) -> &Path {
+        self.log.path()
+    }
+
+    /// A shared handle to the `.log` file for reads outside the partition's lock.
+    pub fn log_handle(&self) -> Arc<File> {
+        self.log.handle()
+    }
+
+    /// True when an index has no room for another entry.
+    pub fn indexes_full(&self) -> bool {
+        self.offset_index.is_full() || self.time_index.is_full()
+    }
+
+    /// True when a batch ending at `last_offset` still fits the 32-bit relative offsets.
+    pub fn can_hold_offset(&self, last_offset: u64) -> bool {
+        last_offset >= self.base_offset && last_offset - self.base_offset <= u64::from(u32::MAX)
+    }
+
+    /// Appends batches that the caller validated and numbered; `data` holds whole batches
+    /// whose first starts at [`LogSegment::next_offset`].
+    pub fn append(&mut self, data: &[u8]) -> Result<(), SegmentError> {
+        let start = self.log.size();
+        if start + data.len() as u64 > MAX_SEGMENT_BYTES {
+            return Err(SegmentError::SegmentFull {
+                path: self.log.path().to_path_buf(),
+                size: start,
+                append: data.len() as u64,
+            });
+        }
+        let mut position = start;
+        let mut expected = self.next_offset;
+        for batch in BatchIter::new(data) {
+            let batch = batch.map_err(|e| SegmentError::InvalidAppend(e.to_string()))?;
+            let h = *batch.header();
+            if h.base_offset as u64 != expected || !self.can_hold_offset(h.last_offset() as u64) {
+                return Err(SegmentError::InvalidAppend(format!(
+                    "batch {}..={} does not follow offset {} in segment {}",
+                    h.base_offset,
+                    h.last_offset(),
+                    expected,
+                    self.base_offset
+                )));
+            }
+            self.track_batch(position, &h);
+            position += h.total_size() as u64;
+            expected = h.next_offset() as u64;
+        }
+        self.log
+            .append(data)
+            .map_err(|e| SegmentError::io(self.log.path(), e))?;
+        Ok(())
+    }
+
+    /// Updates indexes and in-memory state for a batch at `position`.
+    fn track_batch(&mut self, position: u64, h: &BatchHeader) {
+        let last_offset = h.last_offset() as u64;
+        if h.max_timestamp > self.max_timestamp {
+            self.max_timestamp = h.max_timestamp;
+            self.offset_of_max_timestamp = last_offset;
+        }
+        if self.first_batch_timestamp.is_none() {
+            self.first_batch_timestamp = Some(h.max_timestamp);
+        }
+        if self.bytes_since_index_entry > self.config.index_interval_bytes
+            && !self.offset_index.is_full()
+        {
+            self.offset_index.append(h.base_offset as u64, position as u32);
+            self.time_index
+                .maybe_append(self.max_timestamp, self.offset_of_max_timestamp);
+            self.bytes_since_index_entry = 0;
+        }
+        self.bytes_since_index_entry += h.total_size() as u64;
+        self.next_offset = last_offset + 1;
+    }
+
+    /// Trusts the files after a clean shutdown: checks the indexes (rebuilding them if
+    /// they fail) and reads the tail after the last index entry to find the segment's end.
+    /// Returns true when the indexes had to be rebuilt.
+    pub fn load(&mut self) -> Result<bool, SegmentError> {
+        let size = self.log.size();
+        let index_ok = self.offset_index.sanity_check(size).is_ok()
+            && self
+                .offset_index
+                .last_entry()
+                .is_none_or(|e| self.header_at(e.position as u64).ok().flatten().map(|h| h.base_offset as u64) == Some(e.offset));
+        if !index_ok {
+            return self.rebuild_indexes().map(|_| true);
+        }
+        self.scan_tail()?;
+        if self.time_index.sanity_check(self.next_offset).is_err() {
+            return self.rebuild_indexes().map(|_| true);
+        }
+        Ok(false)
+    }
+
+    /// Rebuilds both indexes by scanning the whole log (no truncation, no CRC checks).
+    fn rebuild_indexes(&mut self) -> Result<(), SegmentError> {
+        let outcome = self.scan_and_index(false)?;
+        if let Some(problem) = outcome.problem {
+            return Err(SegmentError::Corrupt {
+                path: self.log.path().to_path_buf(),
+                reason: problem,
+            });
+        }
+        Ok(())
+    }
+
+    /// Recomputes next offset, max timestamp and index spacing from the last index entry to
+    /// the end of the log.
+    fn scan_tail(&mut self) -> Result<(), SegmentError> {
+        let from = self.offset_index.last_entry().unwrap_or(OffsetPosition {
+            offset: self.base_offset,
+            position: 0,
+        });
+        if let Some(t) = self.time_index.last_entry() {
+            self.max_timestamp = t.timestamp;
+            self.offset_of_max_timestamp = t.offset;
+        } else {
+            self.max_timestamp = -1;
+            self.offset_of_max_timestamp = self.base_offset;
+        }
+        self.next_offset = from.offset;
+        self.bytes_since_index_entry = 0;
+        self.first_batch_timestamp = None;
+        if from.position > 0 {
+            // The first batch's timestamp is needed for time-based rolling.
+            self.first_batch_timestamp = self.header_at(0)?.map(|h| h.max_timestamp);
+        }
+        let file = self.log.handle();
+        let mut scanner = BatchScanner::new(&file, from.position as u64, self.log.size(), MAX_SCAN_BATCH_BYTES);
+        let mut first = from.position > 0;
+        loop {
+            let batch = scanner.next_batch().map_err(|e| self.scan_error(e))?;
+            let Some(batch) = batch else { break };
+            let h = *batch.header();
+            if h.max_timestamp > self.max_timestamp {
+                self.max_timestamp = h.max_timestamp;
+                self.offset_of_max_timestamp = h.last_offset() as u64;
+            }
+            if !first {
+                self.first_batch_timestamp = Some(h.max_timestamp);
+                first = true;
+            }
+            self.bytes_since_index_entry += h.total_size() as u64;
+            self.next_offset = h.next_offset() as u64;
+        }
+        Ok(())
+    }
+
+    fn scan_error(&self, e: ScanError) -> SegmentError {
+        SegmentError::Corrupt {
+            path: self.log.path().to_path_buf(),
+            reason: e.to_string(),
+        }
+    }
+
+    /// Re-validates every batch (CRC, contiguous offsets), rebuilds both indexes, and cuts
+    /// the log at the first torn or corrupt batch. `visit` sees every valid batch header
+    /// in order (the partition rebuilds its leader-epoch cache from them).
+    pub fn recover(
+        &mut self,
+        mut visit: impl FnMut(&BatchHeader),
+    ) -> Result<RecoveryOutcome, SegmentError> {
+        let outcome = self.scan_and_index_with(true, &mut visit)?;
+        if outcome.truncated_bytes > 0 {
+            let size = self.log.size() - outcome.truncated_bytes;
+            self.log
+                .truncate_to(size)
+                .map_err(|e| SegmentError::io(self.log.path(), e))?;
+        }
+        Ok(outcome)
+    }
+
+    fn scan_and_index(&mut self, verify: bool) -> Result<RecoveryOutcome, SegmentError> {
+        self.scan_and_index_with(verify, &mut |_| {})
+    }
+
+    fn scan_and_index_with(
+        &mut self,
+        verify: bool,
+        visit: &mut dyn FnMut(&BatchHeader),
+    ) -> Result<RecoveryOutcome, SegmentError> {
+        self.offset_index.reset();
+        self.time_index.reset();
+        self.bytes_since_index_entry = 0;
+        self.next_offset = self.base_offset;
+        self.max_timestamp = -1;
+        self.offset_of_max_timestamp = self.base_offset;
+        self.first_batch_timestamp = None;
+        let file = self.log.handle();
+        let size = self.log.size();
+        let mut scanner = BatchScanner::new(&file, 0, size, MAX_SCAN_BATCH_BYTES);
+        let mut batches = 0u64;
+        let mut problem = None;
+        loop {
+            let position = scanner.position();
+            let batch = match scanner.next_batch() {
+                Ok(Some(batch)) => batch,
+                Ok(None) => break,
+                Err(ScanError::Io { position, source }) => {
+                    return Err(SegmentError::io(self.log.path(), io::Error::new(source.kind(), format!("at position {position}: {source}"))));
+                }
+                Err(e) => {
+                    problem = Some(e.to_string());
+                    break;
+                }
+            };
+            let h = *batch.header();
+            if verify {
+                if let Err(e) = batch.batch.verify_crc() {
+                    problem = Some(format!("batch at position {position}: {e}"));
+                    break;
+                }
+            }
+            if h.base_offset as u64 != self.next_offset || !self.can_hold_offset(h.last_offset() as u64) {
+                problem = Some(format!(
+                    "batch at position {position} has offsets {}..={}, expected to start at {}",
+                    h.base_offset,
+                    h.last_offset(),
+                    self.next_offset
+                ));
+                break;
+            }
+            if self.indexes_full() {
+                problem = Some(format!("index full at position {position}"));
+                break;
+            }
+            visit(&h);
+            self.track_batch(position, &h);
+            batches += 1;
+        }
+        let valid = scanner.position();
+        let truncated_bytes = if problem.is_some() { size - valid } else { 0 };
+        Ok(RecoveryOutcome {
+            batches,
+            truncated_bytes,
+            problem,
+        })
+    }
+
+    /// Reads the header of the batch at `position`; `Ok(None)` at the end of the log.
+    pub fn header_at(&self, position: u64) -> Result<Option<BatchHeader>, SegmentError> {
+        if position >= self.log.size() {
+            return Ok(None);
+        }
+        let mut buf = [0u8; HEADER_LEN];
+        let n = self
+            .log
+            .read_at(position, &mut buf)
+            .map_err(|e| SegmentError::io(self.log.path(), e))?;
+        BatchHeader::parse(&buf[..n])
+            .map(Some)
+            .map_err(|e| SegmentError::Corrupt {
+                path: self.log.path().to_path_buf(),
+                reason: format!("batch header at position {position}: {e}"),
+            })
+    }
+
+    /// Finds the batch holding `offset` (the first batch whose last offset is `>= offset`),
+    /// scanning headers forward from the index hint. `None` when `offset` is past the end.
+    pub fn find_batch(&self, offset: u64) -> Result<Option<BatchLocation>, SegmentError> {
+        if offset >= self.next_offset {
+            return Ok(None);
+        }
+        let hint = self.offset_index.lookup(offset);
+        if hint.position > 0 {
+            // A stale index (e.g. a crash after a truncation) must not send us into the
+            // middle of a batch: check the hint, and fall back to the segment start.
+            match self.header_at(hint.position as u64) {
+                Ok(Some(h)) if h.base_offset as u64 == hint.offset => {}
+                _ => {
+                    tracing::warn!(path = %self.log.path().display(), ?hint, "offset index entry does not match the log; scanning from the segment start");
+                    return self.find_batch_from(0, offset);
+                }
+            }
+        }
+        self.find_batch_from(hint.position as u64, offset)
+    }
+
+    fn find_batch_from(&self, start: u64, offset: u64) -> Result<Option<BatchLocation>, SegmentError> {
+        // Header hops through a small buffer: one read covers several small batches.
+        const WINDOW: usize = 8 * 1024;
+        let mut buf = [0u8; WINDOW];
+        let (mut buf_pos, mut buf_len) = (0u64, 0usize);
+        let mut position = start;
+        let end = self.log.size();
+        let file = self.log.handle();
+        while position < end {
+            let in_buf = position >= buf_pos && position + HEADER_LEN as u64 <= buf_pos + buf_len as u64;
+            if !in_buf {
+                let want = WINDOW.min((end - position) as usize);
+                buf_len = read_at_most(&file, position, &mut buf[..want])
+                    .map_err(|e| SegmentError::io(self.log.path(), e))?;
+                buf_pos = position;
+            }
+            let at = (position - buf_pos) as usize;
+            let header = BatchHeader::parse(&buf[at..buf_len]).map_err(|e| SegmentError::Corrupt {
+                path: self.log.path().to_path_buf(),
+                reason: format!("batch header at position {position}: {e}"),
+            })?;
+            if header.last_offset() as u64 >= offset {
+                return Ok(Some(BatchLocation { position, header }));
+            }
+            position += header.total_size() as u64;
+        }
+        Ok(None)
+    }
+
+    /// The first offset whose record timestamp is `>= timestamp`, if the segment has one.
+    pub fn find_offset_by_timestamp(
+        &self,
+        timestamp: i64,
+        max_uncompressed_bytes: usize,
+    ) -> Result<Option<u64>, SegmentError> {
+        if self.max_timestamp < timestamp {
+            return Ok(None);
+        }
+        let start_offset = self
+            .time_index
+            .last_entry_before(timestamp)
+            .map_or(self.base_offset, |e| e.offset);
+        let Some(start) = self.find_batch(start_offset)? else {
+            return Ok(None);
+        };
+        let file = self.log.handle();
+        let mut scanner = BatchScanner::new(&file, start.position, self.log.size(), MAX_SCAN_BATCH_BYTES);
+        while let Some(batch) = scanner.next_batch().map_err(|e| self.scan_error(e))? {
+            if batch.header().max_timestamp < timestamp {
+                continue;
+            }
+            let records = batch
+                .batch
+                .records(max_uncompressed_bytes)
+                .map_err(|e| SegmentError::Corrupt {
+                    path: self.log.path().to_path_buf(),
+                    reason: format!("batch at position {}: {e}", batch.position),
+                })?;
+            if let Some(r) = records.iter().find(|r| r.timestamp >= timestamp) {
+                return Ok(Some(r.offset as u64));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Removes every batch holding an offset `>= offset` (cutting at the start of the batch
+    /// that holds `offset`). Returns the bytes removed.
+    pub fn truncate_to(&mut self, offset: u64) -> Result<u64, SegmentError> {
+        let Some(location) = self.find_batch(offset)? else {
+            return Ok(0);
+        };
+        let removed = self.log.size() - location.position;
+        self.log
+            .truncate_to(location.position)
+            .map_err(|e| SegmentError::io(self.log.path(), e))?;
+        self.offset_index.truncate_to_position(location.position as u32);
+        self.time_index.truncate_to(location.header.base_offset as u64);
+        self.scan_tail()?;
+        // Make the shortened files durable before anything is appended after them.
+        self.flush_all()?;
+        Ok(removed)
+    }
+
+    /// Prepares the segment to stop being active: a final time-index entry for the max
+    /// timestamp, indexes trimmed to their entries.
+    pub fn seal(&mut self) -> Result<(), SegmentError> {
+        if self.max_timestamp >= 0 && !self.time_index.is_full() {
+            self.time_index
+                .maybe_append(self.max_timestamp, self.offset_of_max_timestamp);
+        }
+        let path = self.log.path().to_path_buf();
+        self.offset_index.trim().map_err(|e| SegmentError::io(&path, e))?;
+        self.time_index.trim().map_err(|e| SegmentError::io(&path, e))?;
+        Ok(())
+    }
+
+    /// Makes the segment active again (after a truncation back into it).
+    pub fn unseal(&mut self) -> Result<(), SegmentError> {
+        let path = self.log.path().to_path_buf();
+        self.offset_index
+            .resize(self.config.index_max_bytes)
+            .map_err(|e| SegmentError::io(&path, e))?;
+        self.time_index
+            .resize(self.config.index_max_bytes)
+            .map_err(|e| SegmentError::io(&path, e))
+    }
+
+    /// fdatasync of the `.log` file.
+    pub fn flush_log(&self) -> Result<(), SegmentError> {
+        self.log.flush().map_err(|e| SegmentError::io(self.log.path(), e))
+    }
+
+    /// Flushes the log and both index mappings.
+    pub fn flush_all(&self) -> Result<(), SegmentError> {
+        self.flush_log()?;
+        let path = self.log.path();
+        self.offset_index.flush().map_err(|e| SegmentError::io(path, e))?;
+        self.time_index.flush().map_err(|e| SegmentError::io(path, e))
+    }
+
+    /// Renames all three files with the `.deleted` suffix (the first step of a delete).
+    pub fn mark_deleted(&mut self) -> Result<(), SegmentError> {
+        let with_suffix = |p: &Path| PathBuf::from(format!("{}.{DELETED_SUFFIX}", p.display()));
+        let log_to = with_suffix(self.log.path());
+        self.log.rename(&log_to).map_err(|e| SegmentError::io(&log_to, e))?;
+        let index_to = with_suffix(self.offset_index.file().path());
+        self.offset_index
+            .file_mut()
+            .rename(&index_to)
+            .map_err(|e| SegmentError::io(&index_to, e))?;
+        let time = self.time_index.file_mut();
+        let time_to = with_suffix(time.path());
+        time.rename(&time_to).map_err(|e| SegmentError::io(&time_to, e))?;
+        Ok(())
+    }
+
+    /// Removes the segment's files (open handles stay readable until dropped).
+    pub fn delete(self) -> Result<(), SegmentError> {
+        self.log.delete().map_err(|e| SegmentError::io(self.log.path(), e))?;
+        let index = self.offset_index.file();
+        index.delete().map_err(|e| SegmentError::io(index.path(), e))?;
+        let mut time_index = self.time_index;
+        let time = time_index.file_mut();
+        time.delete().map_err(|e| SegmentError::io(time.path(), e))
+    }
+}

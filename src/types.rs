@@ -1,0 +1,48 @@
+//! Newtypes for values that must never be mixed up.
+
+use std::fmt;
+
+/// A record's position in a partition's log: 0, 1, 2, … with no gaps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Offset(pub u64);
+
+impl Offset {
+    /// The offset as a plain number.
+    pub fn value(self) -> u64 {
+        self.0
+    }
+
+    /// The offset as Kafka's signed wire type.
+    pub fn as_i64(self) -> i64 {
+        self.0 as i64
+    }
+
+    /// The offset `n` records later.
+    pub fn plus(self, n: u64) -> Offset {
+        Offset(self.0 + n)
+    }
+}
+
+impl fmt::Display for Offset {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// The epoch of a partition's leadership; bumped by the controller on every leader change.
+///
+/// Kafka's wire type is a signed 32-bit integer with -1 for "no epoch"; batches written by
+/// clients carry -1 until the leader stamps them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct LeaderEpoch(pub i32);
+
+impl LeaderEpoch {
+    /// No epoch: what clients put in a batch, and what lookups of unknown epochs return.
+    pub const UNDEFINED: LeaderEpoch = LeaderEpoch(-1);
+}
+
+impl fmt::Display for LeaderEpoch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
