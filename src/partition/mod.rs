@@ -1,1 +1,137 @@
-//! Partition log.
+//! One partition's log: ordered segments, offsets, appends, reads, roll, retention,
+//! truncation, leader epochs, flushing and crash recovery.
+//!
+//! [`PartitionLog`] is safe to share between threads. Exactly one append, truncation,
+//! roll or retention runs at a time (a write lock held only for in-memory work and the
+//! `write` to the page cache); reads take the lock only to locate their bytes and read
+//! them afterwards, so a slow reader never holds up the writer. fsyncs happen outside the
+//! lock, shared between appenders by group commit.
+//!
+//! Offsets: `log_start_offset <= high_watermark <= log_end_offset`. Consumers read below
+//! the high watermark, followers up to the log end.
+//!
+//! Failure: an I/O error while writing or flushing takes the partition offline (every
+//! later call fails with [`LogError::Offline`]); it is never retried, because the state of
+//! the file is no longer known. Corrupt bytes are cut off by recovery, or reported by
+//! reads as [`LogError::Corrupt`], never returned.
+
+mod checkpoint;
+mod clock;
+mod epoch_cache;
+mod group_commit;
+mod loader;
+mod log;
+mod retention;
+mod validate;
+
+use std::path::PathBuf;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use epoch_cache::{EpochEntry, LeaderEpochCache};
+pub use log::{AppendInfo, FetchData, Isolation, PartitionLog, RetentionOutcome};
+pub use retention::{segments_to_delete, SegmentSummary};
+pub use validate::MAX_UNCOMPRESSED_BATCH_BYTES;
+
+use crate::segment::SegmentError;
+use crate::topic_config::ConfigError;
+
+/// Why a partition operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    /// The requested offset is outside the log.
+    #[error(
+        "offset {requested} is out of range: the log holds [{log_start_offset}, {log_end_offset})"
+    )]
+    OffsetOutOfRange {
+        /// The offset asked for.
+        requested: u64,
+        /// First offset in the log.
+        log_start_offset: u64,
+        /// Offset after the last record.
+        log_end_offset: u64,
+    },
+    /// A batch is larger than `max.message.bytes`.
+    #[error("record batch of {size} bytes exceeds max.message.bytes={limit}")]
+    RecordTooLarge {
+        /// Batch size in bytes.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// Bytes from a client or leader are not valid batches; nothing was written.
+    #[error("invalid record batch: {reason}")]
+    InvalidRecord {
+        /// What is wrong.
+        reason: String,
+    },
+    /// A follower append does not continue the log.
+    #[error("follower append starts at offset {got}, but the log ends at {expected}")]
+    NonContiguousAppend {
+        /// The log end offset.
+        expected: u64,
+        /// The first offset offered.
+        got: u64,
+    },
+    /// Bytes on disk failed validation where they must be valid.
+    #[error("corrupt data in {path}: {reason}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// An earlier fatal error took the partition offline.
+    #[error("partition {partition} is offline after a fatal error: {reason}")]
+    Offline {
+        /// The partition directory name.
+        partition: String,
+        /// The first fatal error.
+        reason: String,
+    },
+    /// Another process (or another open in this one) holds the directory.
+    #[error("partition directory {path} is locked by another process")]
+    DirectoryLocked {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// The topic config is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A file operation failed.
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl LogError {
+    fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Self::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+impl From<SegmentError> for LogError {
+    fn from(e: SegmentError) -> Self {
+        match e {
+            SegmentError::Io { path, source } => Self::Io { path, source },
+            SegmentError::Corrupt { path, reason } => Self::Corrupt { path, reason },
+            SegmentError::InvalidAppend(reason) => Self::InvalidRecord { reason },
+            SegmentError::SegmentFull { path, size, append } => Self::InvalidRecord {
+                reason: format!(
+                    "append of {append} bytes to {} ({size} bytes) would pass 2 GiB",
+                    path.display()
+                ),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -118,12 +118,11 @@ impl BatchBuilder {
                 out.extend_from_slice(&block);
             }
         }
-        let batch_length = i32::try_from(out.len() - LOG_OVERHEAD).map_err(|_| {
-            RecordError::Malformed {
+        let batch_length =
+            i32::try_from(out.len() - LOG_OVERHEAD).map_err(|_| RecordError::Malformed {
                 field: "batch_length",
                 reason: format!("batch of {} bytes exceeds 2 GiB", out.len()),
-            }
-        })?;
+            })?;
         let mut header = BatchHeader {
             base_offset,
             batch_length,

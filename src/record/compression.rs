@@ -102,7 +102,8 @@ impl Compression {
             }
             Self::Snappy => xerial_compress(input),
             Self::Lz4 => {
-                let mut enc = lz4_flex::frame::FrameEncoder::new(Vec::with_capacity(input.len() / 2));
+                let mut enc =
+                    lz4_flex::frame::FrameEncoder::new(Vec::with_capacity(input.len() / 2));
                 enc.write_all(input).map_err(io)?;
                 enc.finish().map_err(|e| RecordError::Compression {
                     codec: "lz4",
@@ -139,7 +140,11 @@ impl std::fmt::Display for Compression {
     }
 }
 
-fn read_bounded(codec: Compression, reader: impl Read, max_len: usize) -> Result<Vec<u8>, RecordError> {
+fn read_bounded(
+    codec: Compression,
+    reader: impl Read,
+    max_len: usize,
+) -> Result<Vec<u8>, RecordError> {
     let mut out = Vec::new();
     reader
         .take(max_len as u64 + 1)
@@ -213,10 +218,12 @@ fn xerial_decompress(input: &[u8], max_len: usize) -> Result<Vec<u8>, RecordErro
             });
         }
         let block_len = u32::from_be_bytes(rest[..4].try_into().expect("4 bytes")) as usize;
-        let block = rest.get(4..4 + block_len).ok_or_else(|| RecordError::Compression {
-            codec: "snappy",
-            reason: format!("xerial block of {block_len} bytes runs past the end"),
-        })?;
+        let block = rest
+            .get(4..4 + block_len)
+            .ok_or_else(|| RecordError::Compression {
+                codec: "snappy",
+                reason: format!("xerial block of {block_len} bytes runs past the end"),
+            })?;
         let len = snap::raw::decompress_len(block).map_err(snappy_error)?;
         if out.len() + len > max_len {
             return Err(too_large());

@@ -81,25 +81,34 @@ impl Record {
         let timestamp_delta = r.varlong("record.timestamp_delta")?;
         let offset_delta = r.varint("record.offset_delta")?;
         let key = r.nullable_bytes("record.key")?.map(Bytes::copy_from_slice);
-        let value = r.nullable_bytes("record.value")?.map(Bytes::copy_from_slice);
+        let value = r
+            .nullable_bytes("record.value")?
+            .map(Bytes::copy_from_slice);
         let header_count = r.varint("record.header_count")?;
         if header_count < 0 || header_count as usize > r.remaining() {
             return Err(RecordError::Malformed {
                 field: "record.header_count",
-                reason: format!("{header_count} headers cannot fit in {} bytes", r.remaining()),
+                reason: format!(
+                    "{header_count} headers cannot fit in {} bytes",
+                    r.remaining()
+                ),
             });
         }
         let mut headers = Vec::with_capacity(header_count as usize);
         for _ in 0..header_count {
-            let key = r.nullable_bytes("header.key")?.ok_or(RecordError::Malformed {
-                field: "header.key",
-                reason: "header key is null".into(),
-            })?;
+            let key = r
+                .nullable_bytes("header.key")?
+                .ok_or(RecordError::Malformed {
+                    field: "header.key",
+                    reason: "header key is null".into(),
+                })?;
             let key = std::str::from_utf8(key).map_err(|_| RecordError::Malformed {
                 field: "header.key",
                 reason: "header key is not valid UTF-8".into(),
             })?;
-            let value = r.nullable_bytes("header.value")?.map(Bytes::copy_from_slice);
+            let value = r
+                .nullable_bytes("header.value")?
+                .map(Bytes::copy_from_slice);
             headers.push(Header {
                 key: key.to_owned(),
                 value,
@@ -112,12 +121,12 @@ impl Record {
             });
         }
         let record = Record {
-            offset: base_offset
-                .checked_add(i64::from(offset_delta))
-                .ok_or(RecordError::Malformed {
+            offset: base_offset.checked_add(i64::from(offset_delta)).ok_or(
+                RecordError::Malformed {
                     field: "record.offset_delta",
                     reason: "offset overflows".into(),
-                })?,
+                },
+            )?,
             timestamp: base_timestamp.wrapping_add(timestamp_delta),
             key,
             value,

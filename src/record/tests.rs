@@ -160,7 +160,10 @@ fn truncated_batch_reports_needed_bytes() {
     );
     for cut in 0..bytes.len() {
         let err = RecordBatch::parse(&bytes[..cut]).unwrap_err();
-        assert!(matches!(err, RecordError::Truncated { .. }), "cut {cut}: {err}");
+        assert!(
+            matches!(err, RecordError::Truncated { .. }),
+            "cut {cut}: {err}"
+        );
     }
 }
 

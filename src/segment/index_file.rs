@@ -27,7 +27,12 @@ impl IndexFile {
     /// Opens or creates `path`. Every whole entry in an existing file counts as an entry
     /// (the caller validates them). The mapping is resized to `max_bytes` (rounded down to
     /// whole entries) when `active`, else kept at the file's size.
-    pub fn open(path: &Path, entry_size: usize, max_bytes: usize, active: bool) -> io::Result<Self> {
+    pub fn open(
+        path: &Path,
+        entry_size: usize,
+        max_bytes: usize,
+        active: bool,
+    ) -> io::Result<Self> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)

@@ -88,7 +88,11 @@ pub struct LogSegment {
 impl LogSegment {
     /// Creates a new, empty, active segment starting at `base_offset`. Existing files with
     /// the same name are replaced.
-    pub fn create(dir: &Path, base_offset: u64, config: SegmentConfig) -> Result<Self, SegmentError> {
+    pub fn create(
+        dir: &Path,
+        base_offset: u64,
+        config: SegmentConfig,
+    ) -> Result<Self, SegmentError> {
         for suffix in [LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX] {
             let path = segment_file(dir, base_offset, suffix);
             super::index_file::remove_if_exists(&path).map_err(|e| SegmentError::io(&path, e))?;
@@ -108,8 +112,9 @@ impl LogSegment {
         let index_path = segment_file(dir, base_offset, INDEX_SUFFIX);
         let time_path = segment_file(dir, base_offset, TIME_INDEX_SUFFIX);
         let log = LogFile::open(&log_path).map_err(|e| SegmentError::io(&log_path, e))?;
-        let offset_index = OffsetIndex::open(&index_path, base_offset, config.index_max_bytes, active)
-            .map_err(|e| SegmentError::io(&index_path, e))?;
+        let offset_index =
+            OffsetIndex::open(&index_path, base_offset, config.index_max_bytes, active)
+                .map_err(|e| SegmentError::io(&index_path, e))?;
         let time_index = TimeIndex::open(&time_path, base_offset, config.index_max_bytes, active)
             .map_err(|e| SegmentError::io(&time_path, e))?;
         Ok(Self {
@@ -224,7 +229,8 @@ impl LogSegment {
         if self.bytes_since_index_entry > self.config.index_interval_bytes
             && !self.offset_index.is_full()
         {
-            self.offset_index.append(h.base_offset as u64, position as u32);
+            self.offset_index
+                .append(h.base_offset as u64, position as u32);
             self.time_index
                 .maybe_append(self.max_timestamp, self.offset_of_max_timestamp);
             self.bytes_since_index_entry = 0;
@@ -239,10 +245,13 @@ impl LogSegment {
     pub fn load(&mut self) -> Result<bool, SegmentError> {
         let size = self.log.size();
         let index_ok = self.offset_index.sanity_check(size).is_ok()
-            && self
-                .offset_index
-                .last_entry()
-                .is_none_or(|e| self.header_at(e.position as u64).ok().flatten().map(|h| h.base_offset as u64) == Some(e.offset));
+            && self.offset_index.last_entry().is_none_or(|e| {
+                self.header_at(e.position as u64)
+                    .ok()
+                    .flatten()
+                    .map(|h| h.base_offset as u64)
+                    == Some(e.offset)
+            });
         if !index_ok {
             return self.rebuild_indexes().map(|_| true);
         }
@@ -287,7 +296,12 @@ impl LogSegment {
             self.first_batch_timestamp = self.header_at(0)?.map(|h| h.max_timestamp);
         }
         let file = self.log.handle();
-        let mut scanner = BatchScanner::new(&file, from.position as u64, self.log.size(), MAX_SCAN_BATCH_BYTES);
+        let mut scanner = BatchScanner::new(
+            &file,
+            from.position as u64,
+            self.log.size(),
+            MAX_SCAN_BATCH_BYTES,
+        );
         let mut first = from.position > 0;
         loop {
             let batch = scanner.next_batch().map_err(|e| self.scan_error(e))?;
@@ -340,6 +354,8 @@ impl LogSegment {
         verify: bool,
         visit: &mut dyn FnMut(&BatchHeader),
     ) -> Result<RecoveryOutcome, SegmentError> {
+        // Full capacity while rebuilding; the caller trims sealed segments afterwards.
+        self.unseal()?;
         self.offset_index.reset();
         self.time_index.reset();
         self.bytes_since_index_entry = 0;
@@ -358,7 +374,10 @@ impl LogSegment {
                 Ok(Some(batch)) => batch,
                 Ok(None) => break,
                 Err(ScanError::Io { position, source }) => {
-                    return Err(SegmentError::io(self.log.path(), io::Error::new(source.kind(), format!("at position {position}: {source}"))));
+                    return Err(SegmentError::io(
+                        self.log.path(),
+                        io::Error::new(source.kind(), format!("at position {position}: {source}")),
+                    ));
                 }
                 Err(e) => {
                     problem = Some(e.to_string());
@@ -372,17 +391,15 @@ impl LogSegment {
                     break;
                 }
             }
-            if h.base_offset as u64 != self.next_offset || !self.can_hold_offset(h.last_offset() as u64) {
+            if h.base_offset as u64 != self.next_offset
+                || !self.can_hold_offset(h.last_offset() as u64)
+            {
                 problem = Some(format!(
                     "batch at position {position} has offsets {}..={}, expected to start at {}",
                     h.base_offset,
                     h.last_offset(),
                     self.next_offset
                 ));
-                break;
-            }
-            if self.indexes_full() {
-                problem = Some(format!("index full at position {position}"));
                 break;
             }
             visit(&h);
@@ -437,7 +454,11 @@ impl LogSegment {
         self.find_batch_from(hint.position as u64, offset)
     }
 
-    fn find_batch_from(&self, start: u64, offset: u64) -> Result<Option<BatchLocation>, SegmentError> {
+    fn find_batch_from(
+        &self,
+        start: u64,
+        offset: u64,
+    ) -> Result<Option<BatchLocation>, SegmentError> {
         // Header hops through a small buffer: one read covers several small batches.
         const WINDOW: usize = 8 * 1024;
         let mut buf = [0u8; WINDOW];
@@ -446,7 +467,8 @@ impl LogSegment {
         let end = self.log.size();
         let file = self.log.handle();
         while position < end {
-            let in_buf = position >= buf_pos && position + HEADER_LEN as u64 <= buf_pos + buf_len as u64;
+            let in_buf =
+                position >= buf_pos && position + HEADER_LEN as u64 <= buf_pos + buf_len as u64;
             if !in_buf {
                 let want = WINDOW.min((end - position) as usize);
                 buf_len = read_at_most(&file, position, &mut buf[..want])
@@ -454,10 +476,11 @@ impl LogSegment {
                 buf_pos = position;
             }
             let at = (position - buf_pos) as usize;
-            let header = BatchHeader::parse(&buf[at..buf_len]).map_err(|e| SegmentError::Corrupt {
-                path: self.log.path().to_path_buf(),
-                reason: format!("batch header at position {position}: {e}"),
-            })?;
+            let header =
+                BatchHeader::parse(&buf[at..buf_len]).map_err(|e| SegmentError::Corrupt {
+                    path: self.log.path().to_path_buf(),
+                    reason: format!("batch header at position {position}: {e}"),
+                })?;
             if header.last_offset() as u64 >= offset {
                 return Ok(Some(BatchLocation { position, header }));
             }
@@ -483,18 +506,20 @@ impl LogSegment {
             return Ok(None);
         };
         let file = self.log.handle();
-        let mut scanner = BatchScanner::new(&file, start.position, self.log.size(), MAX_SCAN_BATCH_BYTES);
+        let mut scanner =
+            BatchScanner::new(&file, start.position, self.log.size(), MAX_SCAN_BATCH_BYTES);
         while let Some(batch) = scanner.next_batch().map_err(|e| self.scan_error(e))? {
             if batch.header().max_timestamp < timestamp {
                 continue;
             }
-            let records = batch
-                .batch
-                .records(max_uncompressed_bytes)
-                .map_err(|e| SegmentError::Corrupt {
-                    path: self.log.path().to_path_buf(),
-                    reason: format!("batch at position {}: {e}", batch.position),
-                })?;
+            let records =
+                batch
+                    .batch
+                    .records(max_uncompressed_bytes)
+                    .map_err(|e| SegmentError::Corrupt {
+                        path: self.log.path().to_path_buf(),
+                        reason: format!("batch at position {}: {e}", batch.position),
+                    })?;
             if let Some(r) = records.iter().find(|r| r.timestamp >= timestamp) {
                 return Ok(Some(r.offset as u64));
             }
@@ -512,8 +537,10 @@ impl LogSegment {
         self.log
             .truncate_to(location.position)
             .map_err(|e| SegmentError::io(self.log.path(), e))?;
-        self.offset_index.truncate_to_position(location.position as u32);
-        self.time_index.truncate_to(location.header.base_offset as u64);
+        self.offset_index
+            .truncate_to_position(location.position as u32);
+        self.time_index
+            .truncate_to(location.header.base_offset as u64);
         self.scan_tail()?;
         // Make the shortened files durable before anything is appended after them.
         self.flush_all()?;
@@ -528,8 +555,12 @@ impl LogSegment {
                 .maybe_append(self.max_timestamp, self.offset_of_max_timestamp);
         }
         let path = self.log.path().to_path_buf();
-        self.offset_index.trim().map_err(|e| SegmentError::io(&path, e))?;
-        self.time_index.trim().map_err(|e| SegmentError::io(&path, e))?;
+        self.offset_index
+            .trim()
+            .map_err(|e| SegmentError::io(&path, e))?;
+        self.time_index
+            .trim()
+            .map_err(|e| SegmentError::io(&path, e))?;
         Ok(())
     }
 
@@ -546,22 +577,30 @@ impl LogSegment {
 
     /// fdatasync of the `.log` file.
     pub fn flush_log(&self) -> Result<(), SegmentError> {
-        self.log.flush().map_err(|e| SegmentError::io(self.log.path(), e))
+        self.log
+            .flush()
+            .map_err(|e| SegmentError::io(self.log.path(), e))
     }
 
     /// Flushes the log and both index mappings.
     pub fn flush_all(&self) -> Result<(), SegmentError> {
         self.flush_log()?;
         let path = self.log.path();
-        self.offset_index.flush().map_err(|e| SegmentError::io(path, e))?;
-        self.time_index.flush().map_err(|e| SegmentError::io(path, e))
+        self.offset_index
+            .flush()
+            .map_err(|e| SegmentError::io(path, e))?;
+        self.time_index
+            .flush()
+            .map_err(|e| SegmentError::io(path, e))
     }
 
     /// Renames all three files with the `.deleted` suffix (the first step of a delete).
     pub fn mark_deleted(&mut self) -> Result<(), SegmentError> {
         let with_suffix = |p: &Path| PathBuf::from(format!("{}.{DELETED_SUFFIX}", p.display()));
         let log_to = with_suffix(self.log.path());
-        self.log.rename(&log_to).map_err(|e| SegmentError::io(&log_to, e))?;
+        self.log
+            .rename(&log_to)
+            .map_err(|e| SegmentError::io(&log_to, e))?;
         let index_to = with_suffix(self.offset_index.file().path());
         self.offset_index
             .file_mut()
@@ -569,15 +608,20 @@ impl LogSegment {
             .map_err(|e| SegmentError::io(&index_to, e))?;
         let time = self.time_index.file_mut();
         let time_to = with_suffix(time.path());
-        time.rename(&time_to).map_err(|e| SegmentError::io(&time_to, e))?;
+        time.rename(&time_to)
+            .map_err(|e| SegmentError::io(&time_to, e))?;
         Ok(())
     }
 
     /// Removes the segment's files (open handles stay readable until dropped).
     pub fn delete(self) -> Result<(), SegmentError> {
-        self.log.delete().map_err(|e| SegmentError::io(self.log.path(), e))?;
+        self.log
+            .delete()
+            .map_err(|e| SegmentError::io(self.log.path(), e))?;
         let index = self.offset_index.file();
-        index.delete().map_err(|e| SegmentError::io(index.path(), e))?;
+        index
+            .delete()
+            .map_err(|e| SegmentError::io(index.path(), e))?;
         let mut time_index = self.time_index;
         let time = time_index.file_mut();
         time.delete().map_err(|e| SegmentError::io(time.path(), e))

@@ -1,0 +1,358 @@
+//! Opening a partition directory: locking, cleanup, segment discovery, and either a clean
+//! load or crash recovery.
+//!
+//! Rules (also in `docs/storage-format.md`):
+//! 1. Take an exclusive lock on `.lock`; fail if another opener holds it.
+//! 2. Delete leftovers: `*.tmp` (interrupted checkpoint writes) and `*.deleted`
+//!    (interrupted segment deletes), and index files whose `.log` is gone.
+//! 3. With a `.clean-shutdown` marker, trust the files: check each index, rebuild any that
+//!    fails, and read each segment's tail. The marker is removed before anything else.
+//! 4. Without it, recover every segment from the one holding the recovery point (always
+//!    at least the last one): validate every batch, rebuild indexes, cut the log at the
+//!    first torn or corrupt batch and delete every later segment. A leader-epoch
+//!    checkpoint that cannot be read forces recovery of all segments, which rebuilds it.
+//! 5. Segments must be contiguous; a gap or overlap is treated like corruption at that
+//!    segment.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::path::Path;
+
+use crate::segment::{
+    remove_if_exists, segment_file, LogSegment, SegmentConfig, SegmentError, DELETED_SUFFIX,
+    INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX,
+};
+use crate::topic_config::TopicConfig;
+use crate::types::{LeaderEpoch, Offset};
+
+use super::checkpoint;
+use super::epoch_cache::LeaderEpochCache;
+use super::LogError;
+
+/// Present only between a clean close and the next open.
+pub const CLEAN_SHUTDOWN_FILE: &str = ".clean-shutdown";
+/// Held (flock) while the partition is open.
+pub const LOCK_FILE: &str = ".lock";
+/// Recovery point, high watermark and log start offset.
+pub const OFFSETS_CHECKPOINT: &str = "log-offsets-checkpoint";
+
+/// Offsets persisted between runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OffsetsCheckpoint {
+    /// Every offset below it was flushed to disk.
+    pub recovery_point: u64,
+    /// The last high watermark written.
+    pub high_watermark: u64,
+    /// The log start offset.
+    pub log_start_offset: u64,
+}
+
+/// Writes the offsets checkpoint atomically.
+pub fn write_offsets(dir: &Path, offsets: &OffsetsCheckpoint) -> io::Result<()> {
+    checkpoint::write(
+        &dir.join(OFFSETS_CHECKPOINT),
+        &[
+            format!("recovery_point {}", offsets.recovery_point),
+            format!("high_watermark {}", offsets.high_watermark),
+            format!("log_start_offset {}", offsets.log_start_offset),
+        ],
+    )
+}
+
+fn read_offsets(dir: &Path) -> io::Result<Option<OffsetsCheckpoint>> {
+    let Some(lines) = checkpoint::read(&dir.join(OFFSETS_CHECKPOINT))? else {
+        return Ok(None);
+    };
+    let mut offsets = OffsetsCheckpoint::default();
+    for line in &lines {
+        let mut parts = line.split_whitespace();
+        let (Some(key), Some(value), None) = (parts.next(), parts.next(), parts.next()) else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("bad line {line:?}"),
+            ));
+        };
+        let value: u64 = value.parse().map_err(|_| {
+            io::Error::new(io::ErrorKind::InvalidData, format!("bad line {line:?}"))
+        })?;
+        match key {
+            "recovery_point" => offsets.recovery_point = value,
+            "high_watermark" => offsets.high_watermark = value,
+            "log_start_offset" => offsets.log_start_offset = value,
+            _ => {}
+        }
+    }
+    Ok(Some(offsets))
+}
+
+/// A loaded partition directory.
+pub struct Loaded {
+    /// Segments by base offset; the last is active.
+    pub segments: BTreeMap<u64, LogSegment>,
+    /// First offset in the log.
+    pub log_start_offset: u64,
+    /// High watermark from the checkpoint, clamped into the log.
+    pub high_watermark: u64,
+    /// The leader-epoch cache, consistent with the log.
+    pub epochs: LeaderEpochCache,
+    /// The directory lock, held while the partition is open.
+    pub lock: File,
+    /// True when the last shutdown was clean.
+    pub was_clean: bool,
+}
+
+/// Builds the segment settings from a topic config.
+pub fn segment_config(config: &TopicConfig) -> SegmentConfig {
+    SegmentConfig {
+        index_interval_bytes: config.index_interval_bytes,
+        index_max_bytes: config.segment_index_bytes,
+    }
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> LogError + '_ {
+    move |e| LogError::io(path, e)
+}
+
+fn lock_dir(dir: &Path) -> Result<File, LogError> {
+    let path = dir.join(LOCK_FILE);
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(io_err(&path))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(fs::TryLockError::WouldBlock) => Err(LogError::DirectoryLocked {
+            path: dir.to_path_buf(),
+        }),
+        Err(fs::TryLockError::Error(e)) => Err(LogError::io(&path, e)),
+    }
+}
+
+/// Deletes a segment's three files.
+pub fn delete_segment_files(dir: &Path, base_offset: u64) -> Result<(), LogError> {
+    for suffix in [LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX] {
+        let path = segment_file(dir, base_offset, suffix);
+        remove_if_exists(&path).map_err(io_err(&path))?;
+    }
+    Ok(())
+}
+
+/// Removes leftovers and returns the base offsets of the segments present, sorted.
+fn discover_segments(dir: &Path) -> Result<Vec<u64>, LogError> {
+    let mut logs = Vec::new();
+    let mut indexes = Vec::new();
+    for entry in fs::read_dir(dir).map_err(io_err(dir))? {
+        let entry = entry.map_err(io_err(dir))?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let path = entry.path();
+        if name.ends_with(".tmp") || name.ends_with(&format!(".{DELETED_SUFFIX}")) {
+            tracing::info!(path = %path.display(), "removing leftover file");
+            remove_if_exists(&path).map_err(io_err(&path))?;
+            continue;
+        }
+        let Some((stem, suffix)) = name.split_once('.') else {
+            continue;
+        };
+        if stem.len() != 20 || !stem.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(base) = stem.parse::<u64>() else {
+            continue;
+        };
+        match suffix {
+            LOG_SUFFIX => logs.push(base),
+            INDEX_SUFFIX | TIME_INDEX_SUFFIX => indexes.push((base, path)),
+            _ => {}
+        }
+    }
+    logs.sort_unstable();
+    for (base, path) in indexes {
+        if logs.binary_search(&base).is_err() {
+            tracing::warn!(path = %path.display(), "removing index file without a log file");
+            remove_if_exists(&path).map_err(io_err(&path))?;
+        }
+    }
+    Ok(logs)
+}
+
+/// Opens `dir` (creating it if needed) and brings its log to a consistent state.
+pub fn load(dir: &Path, config: &TopicConfig) -> Result<Loaded, LogError> {
+    fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let lock = lock_dir(dir)?;
+    let name = dir
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let marker = dir.join(CLEAN_SHUTDOWN_FILE);
+    let mut clean = marker.exists();
+    if clean {
+        fs::remove_file(&marker).map_err(io_err(&marker))?;
+        checkpoint::sync_dir(dir).map_err(io_err(dir))?;
+    }
+    let offsets = match read_offsets(dir) {
+        Ok(offsets) => offsets,
+        Err(e) => {
+            tracing::warn!(partition = %name, error = %e, "offsets checkpoint unreadable; recovering the whole log");
+            clean = false;
+            None
+        }
+    };
+    let mut epochs_unreadable = false;
+    let mut epochs = match LeaderEpochCache::load(dir) {
+        Ok(epochs) => epochs,
+        Err(e) => {
+            epochs_unreadable = true;
+            tracing::warn!(partition = %name, error = %e, "leader-epoch checkpoint unreadable; rebuilding it from the log");
+            clean = false;
+            LeaderEpochCache::empty(dir)
+        }
+    };
+    // Without a trustworthy checkpoint, recover from the very start.
+    let recovery_point = offsets.map_or(0, |o| o.recovery_point);
+    let full_recovery = offsets.is_none() || epochs_unreadable;
+    let seg_config = segment_config(config);
+    let bases = discover_segments(dir)?;
+    let mut segments = BTreeMap::new();
+
+    if bases.is_empty() {
+        let start = offsets.map_or(0, |o| o.log_start_offset);
+        segments.insert(start, LogSegment::create(dir, start, seg_config)?);
+    } else {
+        let recover_from = if full_recovery {
+            bases[0]
+        } else {
+            // The segment holding the recovery point, but never past the last one.
+            bases
+                .iter()
+                .rev()
+                .find(|&&b| b <= recovery_point)
+                .copied()
+                .unwrap_or(bases[0])
+                .min(*bases.last().expect("non-empty"))
+        };
+        let mut expected_next: Option<u64> = None;
+        let mut cut = false;
+        for (i, &base) in bases.iter().enumerate() {
+            if cut {
+                tracing::warn!(partition = %name, base_offset = base, "deleting segment after the recovery cut");
+                delete_segment_files(dir, base)?;
+                continue;
+            }
+            if expected_next.is_some_and(|next| next != base) {
+                tracing::warn!(partition = %name, base_offset = base, expected = expected_next, "segment does not continue the previous one; cutting the log here");
+                delete_segment_files(dir, base)?;
+                cut = true;
+                continue;
+            }
+            let active = i + 1 == bases.len();
+            let mut segment = LogSegment::open(dir, base, seg_config, active)?;
+            let must_recover = !clean && (base >= recover_from || active);
+            let truncated = if must_recover {
+                recover_segment(&name, &mut segment, &mut epochs)?
+            } else {
+                match segment.load() {
+                    Ok(rebuilt) => {
+                        if rebuilt {
+                            tracing::warn!(partition = %name, base_offset = base, "index failed its check and was rebuilt");
+                        }
+                        false
+                    }
+                    Err(SegmentError::Corrupt { reason, .. }) => {
+                        tracing::warn!(partition = %name, base_offset = base, %reason, "segment failed to load; recovering it");
+                        recover_segment(&name, &mut segment, &mut epochs)?
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            };
+            if truncated {
+                cut = true;
+            }
+            if !active {
+                // Rebuilt indexes are at full capacity; sealed segments keep them trimmed.
+                segment.seal()?;
+            }
+            expected_next = Some(segment.next_offset());
+            segments.insert(base, segment);
+        }
+        // The last kept segment may have been opened as sealed: make it active.
+        if let Some((_, last)) = segments.iter_mut().next_back() {
+            last.unseal()?;
+        }
+    }
+
+    let (&first_base, _) = segments.first_key_value().expect("at least one segment");
+    let log_end = segments
+        .last_key_value()
+        .expect("at least one segment")
+        .1
+        .next_offset();
+    let log_start_offset = offsets
+        .map_or(first_base, |o| o.log_start_offset.max(first_base))
+        .min(log_end);
+    let high_watermark = offsets
+        .map_or(log_start_offset, |o| o.high_watermark)
+        .clamp(log_start_offset, log_end);
+    epochs.truncate_from_end(Offset(log_end));
+    epochs.truncate_from_start(Offset(log_start_offset));
+    if !clean {
+        // Everything kept was validated; make it durable so the recovery point is true.
+        for segment in segments.values() {
+            segment.flush_all()?;
+        }
+        checkpoint::sync_dir(dir).map_err(io_err(dir))?;
+    }
+    epochs.persist().map_err(io_err(dir))?;
+    write_offsets(
+        dir,
+        &OffsetsCheckpoint {
+            recovery_point: log_end,
+            high_watermark,
+            log_start_offset,
+        },
+    )
+    .map_err(io_err(dir))?;
+    tracing::info!(
+        partition = %name,
+        clean,
+        segments = segments.len(),
+        log_start_offset,
+        log_end_offset = log_end,
+        high_watermark,
+        "partition loaded"
+    );
+    Ok(Loaded {
+        segments,
+        log_start_offset,
+        high_watermark,
+        epochs,
+        lock,
+        was_clean: clean,
+    })
+}
+
+/// Recovers one segment; returns true when it cut bytes off.
+fn recover_segment(
+    name: &str,
+    segment: &mut LogSegment,
+    epochs: &mut LeaderEpochCache,
+) -> Result<bool, LogError> {
+    let outcome = segment.recover(|h| {
+        epochs.assign(
+            LeaderEpoch(h.partition_leader_epoch),
+            Offset(h.base_offset as u64),
+        );
+    })?;
+    if outcome.truncated_bytes > 0 {
+        tracing::warn!(
+            partition = %name,
+            base_offset = segment.base_offset(),
+            truncated_bytes = outcome.truncated_bytes,
+            problem = outcome.problem.as_deref().unwrap_or(""),
+            "recovery cut the log at the first invalid batch"
+        );
+    }
+    Ok(outcome.truncated_bytes > 0)
+}

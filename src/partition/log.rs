@@ -1,0 +1,846 @@
+//! [`PartitionLog`]: the thread-safe log of one partition.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use parking_lot::RwLock;
+
+use crate::record::{set_base_offset, set_partition_leader_epoch, BatchIter};
+use crate::segment::{read_at_most, LogSegment};
+use crate::topic_config::{FlushMode, TopicConfig};
+use crate::types::{LeaderEpoch, Offset};
+
+use super::checkpoint;
+use super::clock::Clock;
+use super::epoch_cache::LeaderEpochCache;
+use super::group_commit::GroupCommit;
+use super::loader::{self, segment_config, OffsetsCheckpoint, CLEAN_SHUTDOWN_FILE};
+use super::retention::{segments_to_delete, SegmentSummary};
+use super::validate::{validate_batches, BatchMeta};
+use super::LogError;
+
+/// Where the records of an append landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppendInfo {
+    /// Offset of the first record appended.
+    pub first_offset: Offset,
+    /// Offset of the last record appended.
+    pub last_offset: Offset,
+    /// Records appended.
+    pub record_count: u64,
+    /// Largest record timestamp appended.
+    pub max_timestamp: i64,
+    /// Bytes appended.
+    pub size_bytes: u64,
+}
+
+/// How far a read may go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isolation {
+    /// Consumers: only batches wholly below the high watermark.
+    HighWatermark,
+    /// Followers: everything up to the log end.
+    LogEnd,
+}
+
+/// The bytes of a read and the log's offsets at that moment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchData {
+    /// Whole, CRC-checked record batches; the first holds the requested offset (and may
+    /// start before it). Empty when nothing is readable yet.
+    pub records: Bytes,
+    /// High watermark when the read was planned.
+    pub high_watermark: Offset,
+    /// Log start offset when the read was planned.
+    pub log_start_offset: Offset,
+    /// Log end offset when the read was planned.
+    pub log_end_offset: Offset,
+}
+
+/// What one retention pass deleted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RetentionOutcome {
+    /// Segments deleted.
+    pub deleted_segments: usize,
+    /// Bytes freed.
+    pub deleted_bytes: u64,
+    /// Log start offset afterwards.
+    pub log_start_offset: Offset,
+}
+
+struct LogState {
+    segments: BTreeMap<u64, LogSegment>,
+    config: TopicConfig,
+    log_start_offset: u64,
+    high_watermark: u64,
+    epochs: LeaderEpochCache,
+    unflushed_messages: u64,
+    last_flush_ms: i64,
+    /// A segment file was created since the last directory fsync.
+    dir_dirty: bool,
+    /// Clock time the active segment was created (the roll basis while it is empty).
+    active_created_ms: i64,
+    /// First fatal error; set once, never cleared while open.
+    offline: Option<String>,
+}
+
+impl LogState {
+    fn active(&self) -> &LogSegment {
+        self.segments
+            .last_key_value()
+            .expect("a log always has a segment")
+            .1
+    }
+
+    fn active_mut(&mut self) -> &mut LogSegment {
+        self.segments
+            .last_entry()
+            .expect("a log always has a segment")
+            .into_mut()
+    }
+
+    fn log_end_offset(&self) -> u64 {
+        self.active().next_offset()
+    }
+
+    /// The segment holding `offset`, skipping segments that end at or before it.
+    fn segment_for(&self, offset: u64) -> Option<&LogSegment> {
+        let (_, floor) = self.segments.range(..=offset).next_back()?;
+        if offset < floor.next_offset() {
+            return Some(floor);
+        }
+        self.segments
+            .range(offset + 1..)
+            .map(|(_, s)| s)
+            .find(|s| !s.is_empty())
+    }
+}
+
+/// The log of one partition, shared between threads.
+pub struct PartitionLog {
+    dir: PathBuf,
+    name: String,
+    clock: Arc<dyn Clock>,
+    state: RwLock<LogState>,
+    group_commit: GroupCommit,
+    /// Bumped by every truncation; a read that saw it move retries.
+    generation: AtomicU64,
+    /// Whether the last shutdown was clean (recovery was skipped).
+    opened_clean: bool,
+    _lock: File,
+}
+
+impl std::fmt::Debug for PartitionLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PartitionLog")
+            .field("dir", &self.dir)
+            .finish()
+    }
+}
+
+/// How often a read retries when truncations keep racing with it.
+const READ_ATTEMPTS: usize = 4;
+
+impl PartitionLog {
+    /// Opens (or creates) the partition in `dir`, recovering it after a crash.
+    pub fn open(dir: &Path, config: TopicConfig, clock: Arc<dyn Clock>) -> Result<Self, LogError> {
+        let loaded = loader::load(dir, &config)?;
+        let name = dir
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let now = clock.now_ms();
+        let log_end = loaded
+            .segments
+            .last_key_value()
+            .expect("at least one segment")
+            .1
+            .next_offset();
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            name,
+            state: RwLock::new(LogState {
+                segments: loaded.segments,
+                config,
+                log_start_offset: loaded.log_start_offset,
+                high_watermark: loaded.high_watermark,
+                epochs: loaded.epochs,
+                unflushed_messages: 0,
+                last_flush_ms: now,
+                dir_dirty: false,
+                active_created_ms: now,
+                offline: None,
+            }),
+            clock,
+            group_commit: GroupCommit::new(log_end),
+            generation: AtomicU64::new(0),
+            opened_clean: loaded.was_clean,
+            _lock: loaded.lock,
+        })
+    }
+
+    /// True when the previous shutdown was clean and recovery was skipped.
+    pub fn opened_after_clean_shutdown(&self) -> bool {
+        self.opened_clean
+    }
+
+    /// The partition directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// First offset in the log.
+    pub fn log_start_offset(&self) -> Offset {
+        Offset(self.state.read().log_start_offset)
+    }
+
+    /// Offset the next appended record gets.
+    pub fn log_end_offset(&self) -> Offset {
+        Offset(self.state.read().log_end_offset())
+    }
+
+    /// Offset below which consumers may read.
+    pub fn high_watermark(&self) -> Offset {
+        Offset(self.state.read().high_watermark)
+    }
+
+    /// Every offset below this is on disk.
+    pub fn recovery_point(&self) -> Offset {
+        Offset(self.group_commit.durable())
+    }
+
+    /// Sets the high watermark, clamped into `[log_start_offset, log_end_offset]`;
+    /// returns the value set. The replication layer decides the value.
+    pub fn set_high_watermark(&self, offset: Offset) -> Offset {
+        let mut state = self.state.write();
+        let hw = offset
+            .0
+            .clamp(state.log_start_offset, state.log_end_offset());
+        state.high_watermark = hw;
+        Offset(hw)
+    }
+
+    /// The current topic config.
+    pub fn config(&self) -> TopicConfig {
+        self.state.read().config.clone()
+    }
+
+    /// Applies a changed topic config (takes effect on the next append, roll or pass).
+    pub fn update_config(&self, config: TopicConfig) {
+        self.state.write().config = config;
+    }
+
+    /// Number of segments.
+    pub fn segment_count(&self) -> usize {
+        self.state.read().segments.len()
+    }
+
+    /// Base offsets of the segments, oldest first.
+    pub fn segment_base_offsets(&self) -> Vec<Offset> {
+        self.state
+            .read()
+            .segments
+            .keys()
+            .map(|&b| Offset(b))
+            .collect()
+    }
+
+    /// Bytes in all segment files.
+    pub fn size_bytes(&self) -> u64 {
+        self.state
+            .read()
+            .segments
+            .values()
+            .map(LogSegment::size)
+            .sum()
+    }
+
+    /// The newest leader epoch in the log, if any.
+    pub fn latest_epoch(&self) -> Option<LeaderEpoch> {
+        self.state.read().epochs.latest_epoch()
+    }
+
+    /// Kafka's OffsetsForLeaderEpoch answer: the largest epoch `<= epoch` this log knows and
+    /// the offset where it ends. `None` when the epoch is unknown (see
+    /// [`LeaderEpochCache::end_offset_for`]).
+    pub fn end_offset_for_epoch(&self, epoch: LeaderEpoch) -> Option<(LeaderEpoch, Offset)> {
+        let state = self.state.read();
+        state
+            .epochs
+            .end_offset_for(epoch, Offset(state.log_end_offset()))
+    }
+
+    /// The epoch entries, oldest first.
+    pub fn epoch_entries(&self) -> Vec<super::EpochEntry> {
+        self.state.read().epochs.entries().to_vec()
+    }
+
+    fn check_online(&self, state: &LogState) -> Result<(), LogError> {
+        match &state.offline {
+            Some(reason) => Err(LogError::Offline {
+                partition: self.name.clone(),
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Records a fatal error: the partition refuses everything from now on.
+    fn go_offline(&self, state: &mut LogState, error: &LogError) {
+        if state.offline.is_none() {
+            tracing::error!(partition = %self.name, %error, "partition going offline after a fatal error");
+            state.offline = Some(error.to_string());
+        }
+    }
+
+    /// Appends batches from a client as the leader: validates them, assigns offsets from
+    /// the log end (rewriting each batch's base offset and leader epoch in `batches`, which
+    /// keeps the CRCs valid), and writes them. With `flush.mode=sync` it returns only once
+    /// the records are on disk. Nothing is written when validation fails.
+    pub fn append_as_leader(
+        &self,
+        batches: &mut [u8],
+        leader_epoch: LeaderEpoch,
+    ) -> Result<AppendInfo, LogError> {
+        let max_message_bytes = self.state.read().config.max_message_bytes;
+        // CPU-heavy checks (CRC, decompression) before taking the write lock.
+        let metas = validate_batches(batches, max_message_bytes, true)?;
+        let mut state = self.state.write();
+        self.check_online(&state)?;
+        let first = state.log_end_offset();
+        let mut next = first;
+        for meta in &metas {
+            let batch = &mut batches[meta.position..];
+            set_base_offset(batch, next as i64);
+            set_partition_leader_epoch(batch, leader_epoch.0);
+            next += meta.offset_span;
+        }
+        if state.epochs.assign(leader_epoch, Offset(first)) {
+            if let Err(e) = state.epochs.persist() {
+                let error = LogError::io(&self.dir, e);
+                self.go_offline(&mut state, &error);
+                return Err(error);
+            }
+        }
+        let info = self.write_locked(&mut state, batches, &metas, first, next)?;
+        self.after_append(state, next)?;
+        Ok(info)
+    }
+
+    /// Appends batches copied from the leader as a follower: they keep their offsets and
+    /// epochs and must start exactly at the log end.
+    pub fn append_as_follower(&self, batches: &[u8]) -> Result<AppendInfo, LogError> {
+        let max_message_bytes = self.state.read().config.max_message_bytes;
+        // A leader may hold batches above this follower's limit (config changed later):
+        // copy them anyway rather than stall replication.
+        let metas = validate_batches(batches, max_message_bytes.max(1 << 30), false)?;
+        let mut state = self.state.write();
+        self.check_online(&state)?;
+        let first = state.log_end_offset();
+        let mut next = first;
+        for meta in &metas {
+            if meta.base_offset != next {
+                return Err(LogError::NonContiguousAppend {
+                    expected: next,
+                    got: meta.base_offset,
+                });
+            }
+            next += meta.offset_span;
+        }
+        let mut epochs_changed = false;
+        for meta in &metas {
+            epochs_changed |= state.epochs.assign(
+                LeaderEpoch(meta.partition_leader_epoch),
+                Offset(meta.base_offset),
+            );
+        }
+        if epochs_changed {
+            if let Err(e) = state.epochs.persist() {
+                let error = LogError::io(&self.dir, e);
+                self.go_offline(&mut state, &error);
+                return Err(error);
+            }
+        }
+        let info = self.write_locked(&mut state, batches, &metas, first, next)?;
+        self.after_append(state, next)?;
+        Ok(info)
+    }
+
+    /// Rolls if needed and writes validated, numbered batches to the active segment.
+    fn write_locked(
+        &self,
+        state: &mut LogState,
+        data: &[u8],
+        metas: &[BatchMeta],
+        first: u64,
+        next: u64,
+    ) -> Result<AppendInfo, LogError> {
+        let max_timestamp = metas.iter().map(|m| m.max_timestamp).max().unwrap_or(-1);
+        let record_count = metas.iter().map(|m| m.record_count).sum();
+        if self.should_roll(state, data.len() as u64, next - 1, max_timestamp) {
+            self.roll_locked(state)?;
+        }
+        if let Err(e) = state.active_mut().append(data) {
+            let error = LogError::from(e);
+            if matches!(error, LogError::Io { .. }) {
+                self.go_offline(state, &error);
+            }
+            return Err(error);
+        }
+        state.unflushed_messages += record_count;
+        Ok(AppendInfo {
+            first_offset: Offset(first),
+            last_offset: Offset(next - 1),
+            record_count,
+            max_timestamp,
+            size_bytes: data.len() as u64,
+        })
+    }
+
+    /// Applies the flush policy after an append; releases the lock before any fsync.
+    fn after_append(
+        &self,
+        state: parking_lot::RwLockWriteGuard<'_, LogState>,
+        next: u64,
+    ) -> Result<(), LogError> {
+        let sync = state.config.flush_mode == FlushMode::Sync
+            || state.unflushed_messages >= state.config.flush_messages;
+        drop(state);
+        if sync {
+            self.wait_durable(next)?;
+        }
+        Ok(())
+    }
+
+    fn should_roll(
+        &self,
+        state: &LogState,
+        append_bytes: u64,
+        last_offset: u64,
+        max_timestamp: i64,
+    ) -> bool {
+        let active = state.active();
+        if active.is_empty() {
+            return false;
+        }
+        let config = &state.config;
+        let elapsed_ms = match active.first_batch_timestamp() {
+            Some(first) if first >= 0 => max_timestamp.saturating_sub(first),
+            _ => self.clock.now_ms().saturating_sub(state.active_created_ms),
+        };
+        active.size() + append_bytes > config.segment_bytes
+            || elapsed_ms > config.segment_ms
+            || active.indexes_full()
+            || !active.can_hold_offset(last_offset)
+    }
+
+    fn roll_locked(&self, state: &mut LogState) -> Result<(), LogError> {
+        let next = state.log_end_offset();
+        if state.active().is_empty() {
+            return Ok(());
+        }
+        let result = state
+            .active_mut()
+            .seal()
+            .and_then(|()| LogSegment::create(&self.dir, next, segment_config(&state.config)));
+        match result {
+            Ok(segment) => {
+                state.segments.insert(next, segment);
+                state.dir_dirty = true;
+                state.active_created_ms = self.clock.now_ms();
+                tracing::info!(partition = %self.name, base_offset = next, "rolled to a new segment");
+                Ok(())
+            }
+            Err(e) => {
+                let error = LogError::from(e);
+                self.go_offline(state, &error);
+                Err(error)
+            }
+        }
+    }
+
+    /// Seals the active segment and starts a new one at the log end (no-op when the
+    /// active segment is empty).
+    pub fn roll(&self) -> Result<(), LogError> {
+        let mut state = self.state.write();
+        self.check_online(&state)?;
+        self.roll_locked(&mut state)
+    }
+
+    /// Blocks until every offset below `target` is on disk, sharing fsyncs with other
+    /// waiters (group commit).
+    fn wait_durable(&self, target: u64) -> Result<(), LogError> {
+        self.group_commit
+            .wait_durable(target, || self.flush_pass())
+            .map_err(|reason| LogError::Offline {
+                partition: self.name.clone(),
+                reason,
+            })
+    }
+
+    /// One flush: fsyncs every segment that may hold data above the recovery point.
+    /// Returns the offset covered, or `None` when a truncation raced with it.
+    fn flush_pass(&self) -> Result<Option<u64>, String> {
+        let generation = self.generation.load(Ordering::Acquire);
+        let durable = self.group_commit.durable();
+        let (end, files, dir_dirty) = {
+            let mut state = self.state.write();
+            if let Some(reason) = &state.offline {
+                return Err(reason.clone());
+            }
+            let first_dirty = state
+                .segments
+                .range(..=durable)
+                .next_back()
+                .map_or(0, |(&b, _)| b);
+            let files: Vec<(PathBuf, Arc<File>)> = state
+                .segments
+                .range(first_dirty..)
+                .map(|(_, s)| (s.log_path().to_path_buf(), s.log_handle()))
+                .collect();
+            state.unflushed_messages = 0;
+            state.last_flush_ms = self.clock.now_ms();
+            let dir_dirty = std::mem::take(&mut state.dir_dirty);
+            (state.log_end_offset(), files, dir_dirty)
+        };
+        let mut result = files
+            .iter()
+            .try_for_each(|(path, file)| file.sync_data().map_err(|e| LogError::io(path, e)));
+        if result.is_ok() && dir_dirty {
+            result = checkpoint::sync_dir(&self.dir).map_err(|e| LogError::io(&self.dir, e));
+        }
+        if let Err(error) = result {
+            let mut state = self.state.write();
+            self.go_offline(&mut state, &error);
+            return Err(error.to_string());
+        }
+        if self.generation.load(Ordering::Acquire) != generation {
+            return Ok(None);
+        }
+        Ok(Some(end))
+    }
+
+    /// Flushes everything appended so far to disk.
+    pub fn flush(&self) -> Result<(), LogError> {
+        let end = self.state.read().log_end_offset();
+        self.wait_durable(end)
+    }
+
+    /// Flushes if unflushed data is older than `flush.ms` (call periodically).
+    pub fn maybe_flush(&self) -> Result<bool, LogError> {
+        let due = {
+            let state = self.state.read();
+            state.unflushed_messages > 0
+                && self.clock.now_ms().saturating_sub(state.last_flush_ms) >= state.config.flush_ms
+        };
+        if due {
+            self.flush()?;
+        }
+        Ok(due)
+    }
+
+    /// Reads whole batches starting with the one that holds `offset`, up to `max_bytes`
+    /// (but always at least one batch when one is readable), never past the bound set by
+    /// `isolation`. Every returned batch has a valid CRC.
+    pub fn read(
+        &self,
+        offset: Offset,
+        max_bytes: usize,
+        isolation: Isolation,
+    ) -> Result<FetchData, LogError> {
+        for _ in 0..READ_ATTEMPTS {
+            let generation = self.generation.load(Ordering::Acquire);
+            if let Some(data) = self.read_once(offset.0, max_bytes, isolation)? {
+                if self.generation.load(Ordering::Acquire) == generation {
+                    return Ok(data);
+                }
+            }
+        }
+        // Truncations kept racing with us; answer with nothing rather than risk stale bytes.
+        let state = self.state.read();
+        Ok(FetchData {
+            records: Bytes::new(),
+            high_watermark: Offset(state.high_watermark),
+            log_start_offset: Offset(state.log_start_offset),
+            log_end_offset: Offset(state.log_end_offset()),
+        })
+    }
+
+    fn read_once(
+        &self,
+        offset: u64,
+        max_bytes: usize,
+        isolation: Isolation,
+    ) -> Result<Option<FetchData>, LogError> {
+        // Locate the bytes under the read lock; read them after releasing it.
+        let (file, path, position, first_size, segment_end, bound, mut data) = {
+            let state = self.state.read();
+            self.check_online(&state)?;
+            let log_end = state.log_end_offset();
+            let data = FetchData {
+                records: Bytes::new(),
+                high_watermark: Offset(state.high_watermark),
+                log_start_offset: Offset(state.log_start_offset),
+                log_end_offset: Offset(log_end),
+            };
+            if offset < state.log_start_offset || offset > log_end {
+                return Err(LogError::OffsetOutOfRange {
+                    requested: offset,
+                    log_start_offset: state.log_start_offset,
+                    log_end_offset: log_end,
+                });
+            }
+            let bound = match isolation {
+                Isolation::HighWatermark => state.high_watermark,
+                Isolation::LogEnd => log_end,
+            };
+            if offset >= bound {
+                return Ok(Some(data));
+            }
+            let Some(segment) = state.segment_for(offset) else {
+                return Ok(Some(data));
+            };
+            let Some(location) = segment.find_batch(offset)? else {
+                return Ok(Some(data));
+            };
+            (
+                segment.log_handle(),
+                segment.log_path().to_path_buf(),
+                location.position,
+                location.header.total_size(),
+                segment.size(),
+                bound,
+                data,
+            )
+        };
+        let want = max_bytes
+            .max(first_size)
+            .min((segment_end - position) as usize);
+        let mut buf = vec![0u8; want];
+        let n = read_at_most(&file, position, &mut buf).map_err(|e| LogError::io(&path, e))?;
+        buf.truncate(n);
+        // Keep whole, valid batches below the bound, within max_bytes (the first always).
+        let mut keep = 0usize;
+        for batch in BatchIter::new(&buf) {
+            let Ok(batch) = batch else {
+                // A partial batch at the end of the window: stop before it.
+                break;
+            };
+            let h = batch.header();
+            if h.last_offset() as u64 >= bound || (keep > 0 && keep + h.total_size() > max_bytes) {
+                break;
+            }
+            if let Err(e) = batch.verify_crc() {
+                if keep > 0 {
+                    // Serve what is good; the next fetch starting here reports the damage.
+                    break;
+                }
+                return Err(LogError::Corrupt {
+                    path,
+                    reason: format!("batch at position {}: {e}", position + keep as u64),
+                });
+            }
+            keep += h.total_size();
+        }
+        if keep == 0 && n < first_size {
+            // The file is shorter than the batch the index promised: a truncation raced.
+            return Ok(None);
+        }
+        buf.truncate(keep);
+        data.records = Bytes::from(buf);
+        Ok(Some(data))
+    }
+
+    /// The first offset whose record timestamp is `>= timestamp`, with that timestamp's
+    /// segment search (Kafka's ListOffsets by time). `None` when every record is older.
+    pub fn offset_for_timestamp(&self, timestamp: i64) -> Result<Option<Offset>, LogError> {
+        let state = self.state.read();
+        self.check_online(&state)?;
+        for segment in state.segments.values() {
+            if segment.max_timestamp() < timestamp {
+                continue;
+            }
+            if let Some(offset) =
+                segment.find_offset_by_timestamp(timestamp, super::MAX_UNCOMPRESSED_BATCH_BYTES)?
+            {
+                return Ok(Some(Offset(offset.max(state.log_start_offset))));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Deletes whole segments by `retention.ms` / `retention.bytes`, never at or above
+    /// the high watermark, and moves the log start offset. Rolls first when the active
+    /// segment itself has expired.
+    pub fn apply_retention(&self) -> Result<RetentionOutcome, LogError> {
+        let mut state = self.state.write();
+        self.check_online(&state)?;
+        let summaries: Vec<SegmentSummary> = state
+            .segments
+            .values()
+            .map(|s| SegmentSummary {
+                next_offset: s.next_offset(),
+                size: s.size(),
+                max_timestamp: s.max_timestamp(),
+            })
+            .collect();
+        let count = segments_to_delete(
+            &summaries,
+            self.clock.now_ms(),
+            state.config.retention_ms,
+            state.config.retention_bytes,
+            state.high_watermark,
+        );
+        let mut outcome = RetentionOutcome {
+            log_start_offset: Offset(state.log_start_offset),
+            ..RetentionOutcome::default()
+        };
+        if count == 0 {
+            return Ok(outcome);
+        }
+        if count == state.segments.len() {
+            self.roll_locked(&mut state)?;
+        }
+        let doomed: Vec<u64> = state.segments.keys().take(count).copied().collect();
+        let mut removed = Vec::with_capacity(doomed.len());
+        for base in doomed {
+            let mut segment = state.segments.remove(&base).expect("key from the map");
+            outcome.deleted_bytes += segment.size();
+            segment.mark_deleted()?;
+            removed.push(segment);
+        }
+        outcome.deleted_segments = removed.len();
+        let new_start = *state
+            .segments
+            .keys()
+            .next()
+            .expect("the active segment remains");
+        state.log_start_offset = state.log_start_offset.max(new_start);
+        let log_start = state.log_start_offset;
+        outcome.log_start_offset = Offset(log_start);
+        if state.epochs.truncate_from_start(Offset(log_start)) {
+            state
+                .epochs
+                .persist()
+                .map_err(|e| LogError::io(&self.dir, e))?;
+        }
+        self.write_checkpoint_locked(&state)?;
+        drop(state);
+        for segment in removed {
+            segment.delete()?;
+        }
+        tracing::info!(partition = %self.name, deleted_segments = outcome.deleted_segments, deleted_bytes = outcome.deleted_bytes, log_start_offset = outcome.log_start_offset.0, "retention deleted segments");
+        Ok(outcome)
+    }
+
+    /// Removes every record at or above `offset` (cutting at the start of the batch that
+    /// holds it) so the log ends at or below `offset`. A target below the log start
+    /// empties the log and restarts it there.
+    pub fn truncate_to(&self, offset: Offset) -> Result<(), LogError> {
+        let mut state = self.state.write();
+        self.check_online(&state)?;
+        if offset.0 >= state.log_end_offset() {
+            return Ok(());
+        }
+        if offset.0 < state.log_start_offset {
+            drop(state);
+            return self.truncate_fully_and_start_at(offset);
+        }
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        let doomed: Vec<u64> = state
+            .segments
+            .range(offset.0..)
+            .map(|(&b, _)| b)
+            .filter(|&b| b > *state.segments.keys().next().expect("non-empty"))
+            .collect();
+        for base in doomed {
+            let mut segment = state.segments.remove(&base).expect("key from the map");
+            segment.mark_deleted()?;
+            segment.delete()?;
+        }
+        let active = state.active_mut();
+        active.truncate_to(offset.0)?;
+        active.unseal()?;
+        let end = state.log_end_offset();
+        state.high_watermark = state.high_watermark.min(end);
+        if state.epochs.truncate_from_end(Offset(end)) {
+            state
+                .epochs
+                .persist()
+                .map_err(|e| LogError::io(&self.dir, e))?;
+        }
+        self.group_commit.truncated_to(end);
+        // Persist the lowered recovery point so a crash recovers the new tail.
+        self.write_checkpoint_locked(&state)?;
+        tracing::info!(partition = %self.name, target = offset.0, log_end_offset = end, "truncated log");
+        Ok(())
+    }
+
+    /// Deletes every segment and restarts the log, empty, at `offset` (a follower that fell
+    /// behind the leader's log start).
+    pub fn truncate_fully_and_start_at(&self, offset: Offset) -> Result<(), LogError> {
+        let mut state = self.state.write();
+        self.check_online(&state)?;
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        let old = std::mem::take(&mut state.segments);
+        for (_, mut segment) in old {
+            segment.mark_deleted()?;
+            segment.delete()?;
+        }
+        let segment = LogSegment::create(&self.dir, offset.0, segment_config(&state.config))?;
+        state.segments.insert(offset.0, segment);
+        state.log_start_offset = offset.0;
+        state.high_watermark = offset.0;
+        state.active_created_ms = self.clock.now_ms();
+        state.epochs.clear();
+        state
+            .epochs
+            .persist()
+            .map_err(|e| LogError::io(&self.dir, e))?;
+        self.group_commit.reset(offset.0);
+        self.write_checkpoint_locked(&state)?;
+        checkpoint::sync_dir(&self.dir).map_err(|e| LogError::io(&self.dir, e))?;
+        tracing::info!(partition = %self.name, offset = offset.0, "log restarted empty");
+        Ok(())
+    }
+
+    fn write_checkpoint_locked(&self, state: &LogState) -> Result<(), LogError> {
+        let offsets = OffsetsCheckpoint {
+            recovery_point: self.group_commit.durable().min(state.log_end_offset()),
+            high_watermark: state.high_watermark,
+            log_start_offset: state.log_start_offset,
+        };
+        loader::write_offsets(&self.dir, &offsets).map_err(|e| LogError::io(&self.dir, e))
+    }
+
+    /// Persists the recovery point, high watermark and log start (call periodically).
+    pub fn checkpoint(&self) -> Result<(), LogError> {
+        let state = self.state.read();
+        self.write_checkpoint_locked(&state)
+    }
+
+    /// Clean shutdown: flushes everything, trims the active segment's indexes, writes the
+    /// checkpoints and the clean-shutdown marker. The next open skips recovery.
+    pub fn close(self) -> Result<(), LogError> {
+        self.flush()?;
+        let mut state = self.state.write();
+        self.check_online(&state)?;
+        for segment in state.segments.values() {
+            segment.flush_all()?;
+        }
+        state.active_mut().seal()?;
+        state
+            .epochs
+            .persist()
+            .map_err(|e| LogError::io(&self.dir, e))?;
+        self.write_checkpoint_locked(&state)?;
+        let marker = self.dir.join(CLEAN_SHUTDOWN_FILE);
+        fs::write(&marker, b"").map_err(|e| LogError::io(&marker, e))?;
+        checkpoint::sync_dir(&self.dir).map_err(|e| LogError::io(&self.dir, e))?;
+        tracing::info!(partition = %self.name, log_end_offset = state.log_end_offset(), "partition closed cleanly");
+        Ok(())
+    }
+}

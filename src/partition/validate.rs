@@ -1,0 +1,94 @@
+//! Checks on batches before they reach a segment.
+//!
+//! A leader accepts batches from clients: each must be a complete, CRC-valid magic-2
+//! batch no larger than `max.message.bytes`, with records whose count and offset deltas
+//! agree with the header (compressed batches are decompressed to check). A follower
+//! accepts batches copied from its leader: same format checks, plus offsets that continue
+//! its log exactly.
+
+use crate::record::{peek_total_size, RecordBatch, LOG_OVERHEAD};
+
+use super::LogError;
+
+/// Largest decompressed records block accepted: bounds what a small compressed batch may
+/// expand to during validation.
+pub const MAX_UNCOMPRESSED_BATCH_BYTES: usize = 64 << 20;
+
+/// What validation learned about one batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchMeta {
+    /// Byte position of the batch in the caller's buffer.
+    pub position: usize,
+    /// Offsets the batch spans (`last_offset_delta + 1`).
+    pub offset_span: u64,
+    /// Records in the batch.
+    pub record_count: u64,
+    /// Largest record timestamp.
+    pub max_timestamp: i64,
+    /// Offset of the batch as it arrived (meaningful for follower appends).
+    pub base_offset: u64,
+    /// Partition leader epoch as it arrived.
+    pub partition_leader_epoch: i32,
+}
+
+/// Validates every batch in `buf`. `from_client` adds the checks a leader applies to
+/// client batches (contiguous deltas from 0, no control batches).
+pub fn validate_batches(
+    buf: &[u8],
+    max_message_bytes: usize,
+    from_client: bool,
+) -> Result<Vec<BatchMeta>, LogError> {
+    if buf.is_empty() {
+        return Err(LogError::InvalidRecord {
+            reason: "the request holds no record batch".into(),
+        });
+    }
+    let mut metas = Vec::new();
+    let mut position = 0usize;
+    while position < buf.len() {
+        let rest = &buf[position..];
+        let invalid = |reason: String| LogError::InvalidRecord {
+            reason: format!("batch {} at byte {position}: {reason}", metas.len()),
+        };
+        let size = peek_total_size(rest).ok_or_else(|| {
+            invalid(format!(
+                "{} trailing bytes are not a batch header (need {LOG_OVERHEAD})",
+                rest.len()
+            ))
+        })?;
+        if size > max_message_bytes {
+            return Err(LogError::RecordTooLarge {
+                size,
+                limit: max_message_bytes,
+            });
+        }
+        let (batch, _) = RecordBatch::parse(rest).map_err(|e| invalid(e.to_string()))?;
+        batch
+            .validate(MAX_UNCOMPRESSED_BATCH_BYTES)
+            .map_err(|e| invalid(e.to_string()))?;
+        let h = batch.header();
+        if from_client {
+            if h.record_count == 0
+                || i64::from(h.last_offset_delta) != i64::from(h.record_count) - 1
+            {
+                return Err(invalid(format!(
+                    "record_count {} and last_offset_delta {} must describe offsets 0..n-1",
+                    h.record_count, h.last_offset_delta
+                )));
+            }
+            if h.is_control() {
+                return Err(invalid("clients may not write control batches".into()));
+            }
+        }
+        metas.push(BatchMeta {
+            position,
+            offset_span: h.last_offset_delta as u64 + 1,
+            record_count: h.record_count as u64,
+            max_timestamp: h.max_timestamp,
+            base_offset: h.base_offset as u64,
+            partition_leader_epoch: h.partition_leader_epoch,
+        });
+        position += size;
+    }
+    Ok(metas)
+}
