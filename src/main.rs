@@ -1,1 +1,41 @@
-fn main() {}
+//! The `tidelog` binary: parses the command line and dispatches. Nothing else lives here.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tidelog::cli;
+
+/// tidelog: a Kafka-style, partition-replicated log service.
+#[derive(Debug, Parser)]
+#[command(name = "tidelog", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Decode segment files (.log, .index, .timeindex), like kafka-dump-log.sh.
+    DumpLog(cli::dump_log::DumpLogArgs),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let args = Cli::parse();
+    let result = match &args.command {
+        Command::DumpLog(a) => cli::dump_log::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
