@@ -654,6 +654,22 @@ impl PartitionLog {
         Ok(Some(data))
     }
 
+    /// The segment (by base offset) and byte position of the batch holding `offset`, or
+    /// `None` when `offset` is at or past the log end or below the log start.
+    pub fn position_of(&self, offset: Offset) -> Result<Option<(Offset, u64)>, LogError> {
+        let state = self.state.read();
+        self.check_online(&state)?;
+        if offset.0 < state.log_start_offset {
+            return Ok(None);
+        }
+        let Some(segment) = state.segment_for(offset.0) else {
+            return Ok(None);
+        };
+        Ok(segment
+            .find_batch(offset.0)?
+            .map(|location| (Offset(segment.base_offset()), location.position)))
+    }
+
     /// The first offset whose record timestamp is `>= timestamp`, with that timestamp's
     /// segment search (Kafka's ListOffsets by time). `None` when every record is older.
     pub fn offset_for_timestamp(&self, timestamp: i64) -> Result<Option<Offset>, LogError> {

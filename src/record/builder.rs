@@ -1,7 +1,7 @@
 //! Builds a RecordBatch from records: the encoder that mirrors [`super::RecordBatch`].
 
 use super::batch::{BatchHeader, CRC_START, HEADER_LEN, LOG_OVERHEAD, MAGIC};
-use super::record::{encode_record, RecordRef};
+use super::record_codec::{encode_record, RecordRef};
 use super::{Compression, RecordError};
 
 /// Accumulates records and encodes them as one batch.

@@ -11,7 +11,7 @@
 mod batch;
 mod builder;
 mod compression;
-mod record;
+mod record_codec;
 pub mod varint;
 
 pub use batch::{
@@ -20,7 +20,7 @@ pub use batch::{
 };
 pub use builder::BatchBuilder;
 pub use compression::Compression;
-pub use record::{encode_record, Header, Record, RecordRef};
+pub use record_codec::{encode_record, Header, Record, RecordRef};
 
 /// Why a batch or record could not be decoded or encoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

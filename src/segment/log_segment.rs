@@ -440,18 +440,25 @@ impl LogSegment {
             return Ok(None);
         }
         let hint = self.offset_index.lookup(offset);
-        if hint.position > 0 {
-            // A stale index (e.g. a crash after a truncation) must not send us into the
-            // middle of a batch: check the hint, and fall back to the segment start.
-            match self.header_at(hint.position as u64) {
-                Ok(Some(h)) if h.base_offset as u64 == hint.offset => {}
-                _ => {
-                    tracing::warn!(path = %self.log.path().display(), ?hint, "offset index entry does not match the log; scanning from the segment start");
-                    return self.find_batch_from(0, offset);
+        // One small read checks the hint and, with large batches, usually answers.
+        match self.header_at(hint.position as u64) {
+            Ok(Some(h)) if hint.position == 0 || h.base_offset as u64 == hint.offset => {
+                if h.last_offset() as u64 >= offset {
+                    return Ok(Some(BatchLocation {
+                        position: hint.position as u64,
+                        header: h,
+                    }));
                 }
+                self.find_batch_from(hint.position as u64 + h.total_size() as u64, offset)
+            }
+            Err(e) if hint.position == 0 => Err(e),
+            _ => {
+                // A stale index (e.g. a crash after a truncation) must not send us into
+                // the middle of a batch: fall back to the segment start.
+                tracing::warn!(path = %self.log.path().display(), ?hint, "offset index entry does not match the log; scanning from the segment start");
+                self.find_batch_from(0, offset)
             }
         }
-        self.find_batch_from(hint.position as u64, offset)
     }
 
     fn find_batch_from(
