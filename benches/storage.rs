@@ -69,7 +69,8 @@ fn append_async(c: &mut Criterion) {
 /// A 1 GiB log of 100 x 1 KiB batches, shared by the read and lookup benchmarks.
 fn gigabyte_log() -> (tempfile::TempDir, PartitionLog) {
     let dir = bench_dir();
-    let log = PartitionLog::open(dir.path(), TopicConfig::default(), Arc::new(SystemClock)).unwrap();
+    let log =
+        PartitionLog::open(dir.path(), TopicConfig::default(), Arc::new(SystemClock)).unwrap();
     let mut data = batch(100, 1024);
     while log.size_bytes() < 1 << 30 {
         log.append_as_leader(&mut data, LeaderEpoch(0)).unwrap();
@@ -83,7 +84,9 @@ fn read_and_lookup(c: &mut Criterion) {
     // Warm the page cache once.
     let mut offset = 0;
     while offset < end {
-        let data = log.read(Offset(offset), 1 << 20, Isolation::LogEnd).unwrap();
+        let data = log
+            .read(Offset(offset), 1 << 20, Isolation::LogEnd)
+            .unwrap();
         offset = next_offset(&data.records);
     }
 
@@ -93,7 +96,9 @@ fn read_and_lookup(c: &mut Criterion) {
     let mut offset = 0u64;
     group.bench_function("sequential_1MiB_page_cache", |b| {
         b.iter(|| {
-            let data = log.read(Offset(offset), 1 << 20, Isolation::LogEnd).unwrap();
+            let data = log
+                .read(Offset(offset), 1 << 20, Isolation::LogEnd)
+                .unwrap();
             offset = next_offset(&data.records);
             if offset >= end {
                 offset = 0;
@@ -156,7 +161,9 @@ fn append_sync(c: &mut Criterion) {
                     t.join().unwrap();
                 }
                 // Report time per append across all threads.
-                start.elapsed().mul_f64(iters as f64 / (per_thread * appenders as u64) as f64)
+                start
+                    .elapsed()
+                    .mul_f64(iters as f64 / (per_thread * appenders as u64) as f64)
             })
         });
     }

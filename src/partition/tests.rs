@@ -878,3 +878,33 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn async_flush_policy_follows_flush_messages_and_flush_ms() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = TopicConfig {
+        flush_messages: 5,
+        flush_ms: 1000,
+        ..TopicConfig::default()
+    };
+    let clock = Arc::new(ManualClock::new(T0));
+    let log = PartitionLog::open(dir.path(), config, clock.clone()).unwrap();
+    log.append_as_leader(&mut batch("a", 3, 10, T0), LeaderEpoch(0))
+        .unwrap();
+    assert_eq!(
+        log.recovery_point(),
+        Offset(0),
+        "3 records < flush.messages"
+    );
+    log.append_as_leader(&mut batch("b", 2, 10, T0), LeaderEpoch(0))
+        .unwrap();
+    assert_eq!(log.recovery_point(), Offset(5), "flush.messages reached");
+    log.append_as_leader(&mut batch("c", 1, 10, T0), LeaderEpoch(0))
+        .unwrap();
+    assert!(!log.maybe_flush().unwrap(), "flush.ms not yet due");
+    assert_eq!(log.recovery_point(), Offset(5));
+    clock.advance(1000);
+    assert!(log.maybe_flush().unwrap());
+    assert_eq!(log.recovery_point(), Offset(6));
+    assert!(!log.maybe_flush().unwrap(), "nothing left to flush");
+}

@@ -24,7 +24,7 @@
 //! The base offset and leader epoch sit before the CRC'd region, so a broker assigns
 //! offsets by rewriting them in place without recomputing the CRC.
 
-use super::{Compression, Record, RecordError};
+use super::{Compression, Record, RecordError, RecordView};
 
 /// Size of the fixed batch header.
 pub const HEADER_LEN: usize = 61;
@@ -302,23 +302,25 @@ impl<'a> RecordBatch<'a> {
     pub fn records(&self, max_uncompressed_bytes: usize) -> Result<Vec<Record>, RecordError> {
         let mut out = Vec::with_capacity(self.header.record_count.clamp(0, 4096) as usize);
         self.for_each_record(max_uncompressed_bytes, |r| {
-            out.push(r);
+            out.push(r.to_record());
             Ok(())
         })?;
         Ok(out)
     }
 
-    fn for_each_record(
+    /// Decodes every record in place, in order, and hands each view to `visit`. Checks
+    /// that the count and offset deltas agree with the header.
+    pub fn for_each_record(
         &self,
         max_uncompressed_bytes: usize,
-        mut visit: impl FnMut(Record) -> Result<(), RecordError>,
+        mut visit: impl FnMut(RecordView<'_>) -> Result<(), RecordError>,
     ) -> Result<(), RecordError> {
         let block = self.records_block(max_uncompressed_bytes)?;
         let mut rest: &[u8] = &block;
         let h = &self.header;
         let mut last_delta = -1i64;
         for index in 0..h.record_count {
-            let (record, remaining) = Record::decode(rest, h.base_offset, h.base_timestamp)?;
+            let (record, remaining) = RecordView::decode(rest, h.base_offset, h.base_timestamp)?;
             let delta = record.offset - h.base_offset;
             if delta <= last_delta || delta > i64::from(h.last_offset_delta) {
                 return Err(RecordError::Malformed {

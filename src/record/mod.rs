@@ -20,7 +20,7 @@ pub use batch::{
 };
 pub use builder::BatchBuilder;
 pub use compression::Compression;
-pub use record_codec::{encode_record, Header, Record, RecordRef};
+pub use record_codec::{encode_record, Header, Record, RecordRef, RecordView};
 
 /// Why a batch or record could not be decoded or encoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -58,13 +58,31 @@ pub struct RecordRef<'a> {
     pub headers: &'a [(&'a str, Option<&'a [u8]>)],
 }
 
-impl Record {
+/// A record decoded in place: every field borrows from the batch's records block.
+///
+/// Decoding a view checks the whole structure (lengths, header keys as UTF-8) without
+/// copying or allocating, so validation on the append path costs no more than a walk.
+#[derive(Debug, Clone, Copy)]
+pub struct RecordView<'a> {
+    /// Absolute offset.
+    pub offset: i64,
+    /// Absolute timestamp in milliseconds.
+    pub timestamp: i64,
+    /// Key; `None` is a null key.
+    pub key: Option<&'a [u8]>,
+    /// Value; `None` is a null value.
+    pub value: Option<&'a [u8]>,
+    header_count: usize,
+    headers: &'a [u8],
+}
+
+impl<'a> RecordView<'a> {
     /// Decodes one record from the front of `buf`, returning it and the rest of `buf`.
     pub fn decode(
-        buf: &[u8],
+        buf: &'a [u8],
         base_offset: i64,
         base_timestamp: i64,
-    ) -> Result<(Record, &[u8]), RecordError> {
+    ) -> Result<(Self, &'a [u8]), RecordError> {
         let mut outer = Reader::new(buf);
         let length = outer.varint("record.length")?;
         if length < 0 {
@@ -80,10 +98,8 @@ impl Record {
         let _attributes = r.u8("record.attributes")?;
         let timestamp_delta = r.varlong("record.timestamp_delta")?;
         let offset_delta = r.varint("record.offset_delta")?;
-        let key = r.nullable_bytes("record.key")?.map(Bytes::copy_from_slice);
-        let value = r
-            .nullable_bytes("record.value")?
-            .map(Bytes::copy_from_slice);
+        let key = r.nullable_bytes("record.key")?;
+        let value = r.nullable_bytes("record.value")?;
         let header_count = r.varint("record.header_count")?;
         if header_count < 0 || header_count as usize > r.remaining() {
             return Err(RecordError::Malformed {
@@ -94,25 +110,9 @@ impl Record {
                 ),
             });
         }
-        let mut headers = Vec::with_capacity(header_count as usize);
+        let headers_start = r.position();
         for _ in 0..header_count {
-            let key = r
-                .nullable_bytes("header.key")?
-                .ok_or(RecordError::Malformed {
-                    field: "header.key",
-                    reason: "header key is null".into(),
-                })?;
-            let key = std::str::from_utf8(key).map_err(|_| RecordError::Malformed {
-                field: "header.key",
-                reason: "header key is not valid UTF-8".into(),
-            })?;
-            let value = r
-                .nullable_bytes("header.value")?
-                .map(Bytes::copy_from_slice);
-            headers.push(Header {
-                key: key.to_owned(),
-                value,
-            });
+            next_header(&mut r)?;
         }
         if r.remaining() != 0 {
             return Err(RecordError::Malformed {
@@ -120,19 +120,72 @@ impl Record {
                 reason: format!("{} unread bytes at the end of the record", r.remaining()),
             });
         }
-        let record = Record {
-            offset: base_offset.checked_add(i64::from(offset_delta)).ok_or(
-                RecordError::Malformed {
+        let offset =
+            base_offset
+                .checked_add(i64::from(offset_delta))
+                .ok_or(RecordError::Malformed {
                     field: "record.offset_delta",
                     reason: "offset overflows".into(),
-                },
-            )?,
+                })?;
+        let view = RecordView {
+            offset,
             timestamp: base_timestamp.wrapping_add(timestamp_delta),
             key,
             value,
-            headers,
+            header_count: header_count as usize,
+            headers: &body[headers_start..],
         };
-        Ok((record, rest))
+        Ok((view, rest))
+    }
+
+    /// The headers, in wire order (already validated by [`RecordView::decode`]).
+    pub fn headers(&self) -> impl Iterator<Item = (&'a str, Option<&'a [u8]>)> + 'a {
+        let mut r = Reader::new(self.headers);
+        (0..self.header_count).map_while(move |_| next_header(&mut r).ok())
+    }
+
+    /// An owned copy.
+    pub fn to_record(&self) -> Record {
+        Record {
+            offset: self.offset,
+            timestamp: self.timestamp,
+            key: self.key.map(Bytes::copy_from_slice),
+            value: self.value.map(Bytes::copy_from_slice),
+            headers: self
+                .headers()
+                .map(|(key, value)| Header {
+                    key: key.to_owned(),
+                    value: value.map(Bytes::copy_from_slice),
+                })
+                .collect(),
+        }
+    }
+}
+
+fn next_header<'a>(r: &mut Reader<'a>) -> Result<(&'a str, Option<&'a [u8]>), RecordError> {
+    let key = r
+        .nullable_bytes("header.key")?
+        .ok_or(RecordError::Malformed {
+            field: "header.key",
+            reason: "header key is null".into(),
+        })?;
+    let key = std::str::from_utf8(key).map_err(|_| RecordError::Malformed {
+        field: "header.key",
+        reason: "header key is not valid UTF-8".into(),
+    })?;
+    let value = r.nullable_bytes("header.value")?;
+    Ok((key, value))
+}
+
+impl Record {
+    /// Decodes one record from the front of `buf`, returning it and the rest of `buf`.
+    pub fn decode(
+        buf: &[u8],
+        base_offset: i64,
+        base_timestamp: i64,
+    ) -> Result<(Record, &[u8]), RecordError> {
+        let (view, rest) = RecordView::decode(buf, base_offset, base_timestamp)?;
+        Ok((view.to_record(), rest))
     }
 }
 
