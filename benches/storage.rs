@@ -56,7 +56,7 @@ fn append_async(c: &mut Criterion) {
         b.iter(|| {
             log.append_as_leader(&mut data, LeaderEpoch(0)).unwrap();
             appends += 1;
-            if appends % 2048 == 0 {
+            if appends.is_multiple_of(2048) {
                 // Keep the working set bounded: about 1 GiB on disk.
                 log.set_high_watermark(log.log_end_offset());
                 log.apply_retention().unwrap();
