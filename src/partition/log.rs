@@ -296,6 +296,16 @@ impl PartitionLog {
         }
     }
 
+    /// Writes the epoch cache; a failure is fatal like any failed write.
+    fn persist_epochs_locked(&self, state: &mut LogState) -> Result<(), LogError> {
+        if let Err(e) = state.epochs.persist() {
+            let error = LogError::io(&self.dir, e);
+            self.go_offline(state, &error);
+            return Err(error);
+        }
+        Ok(())
+    }
+
     /// Appends batches from a client as the leader: validates them, assigns offsets from
     /// the log end (rewriting each batch's base offset and leader epoch in `batches`, which
     /// keeps the CRCs valid), and writes them. With `flush.mode=sync` it returns only once
@@ -319,11 +329,7 @@ impl PartitionLog {
             next += meta.offset_span;
         }
         if state.epochs.assign(leader_epoch, Offset(first)) {
-            if let Err(e) = state.epochs.persist() {
-                let error = LogError::io(&self.dir, e);
-                self.go_offline(&mut state, &error);
-                return Err(error);
-            }
+            self.persist_epochs_locked(&mut state)?;
         }
         let info = self.write_locked(&mut state, batches, &metas, first, next)?;
         self.after_append(state, next)?;
@@ -358,11 +364,7 @@ impl PartitionLog {
             );
         }
         if epochs_changed {
-            if let Err(e) = state.epochs.persist() {
-                let error = LogError::io(&self.dir, e);
-                self.go_offline(&mut state, &error);
-                return Err(error);
-            }
+            self.persist_epochs_locked(&mut state)?;
         }
         let info = self.write_locked(&mut state, batches, &metas, first, next)?;
         self.after_append(state, next)?;
@@ -738,10 +740,7 @@ impl PartitionLog {
         let log_start = state.log_start_offset;
         outcome.log_start_offset = Offset(log_start);
         if state.epochs.truncate_from_start(Offset(log_start)) {
-            state
-                .epochs
-                .persist()
-                .map_err(|e| LogError::io(&self.dir, e))?;
+            self.persist_epochs_locked(&mut state)?;
         }
         self.write_checkpoint_locked(&state)?;
         drop(state);
@@ -783,10 +782,7 @@ impl PartitionLog {
         let end = state.log_end_offset();
         state.high_watermark = state.high_watermark.min(end);
         if state.epochs.truncate_from_end(Offset(end)) {
-            state
-                .epochs
-                .persist()
-                .map_err(|e| LogError::io(&self.dir, e))?;
+            self.persist_epochs_locked(&mut state)?;
         }
         self.group_commit.truncated_to(end);
         // Persist the lowered recovery point so a crash recovers the new tail.
@@ -812,10 +808,7 @@ impl PartitionLog {
         state.high_watermark = offset.0;
         state.active_created_ms = self.clock.now_ms();
         state.epochs.clear();
-        state
-            .epochs
-            .persist()
-            .map_err(|e| LogError::io(&self.dir, e))?;
+        self.persist_epochs_locked(&mut state)?;
         self.group_commit.reset(offset.0);
         self.write_checkpoint_locked(&state)?;
         checkpoint::sync_dir(&self.dir).map_err(|e| LogError::io(&self.dir, e))?;
@@ -848,10 +841,7 @@ impl PartitionLog {
             segment.flush_all()?;
         }
         state.active_mut().seal()?;
-        state
-            .epochs
-            .persist()
-            .map_err(|e| LogError::io(&self.dir, e))?;
+        self.persist_epochs_locked(&mut state)?;
         self.write_checkpoint_locked(&state)?;
         let marker = self.dir.join(CLEAN_SHUTDOWN_FILE);
         fs::write(&marker, b"").map_err(|e| LogError::io(&marker, e))?;
