@@ -864,6 +864,14 @@ proptest! {
                     } else {
                         let data = result.unwrap();
                         prop_assert_eq!(data.records.is_empty(), offset == model.len() as u64);
+                        if let Some(first) = BatchIter::new(&data.records).next() {
+                            // The first batch holds the offset, and its record there is the model's.
+                            let records = first.unwrap().records(1 << 20).unwrap();
+                            let found = records.iter().find(|r| r.offset as u64 == offset);
+                            prop_assert!(found.is_some(), "offset {} not in the first batch", offset);
+                            let value = found.unwrap().value.as_deref().unwrap();
+                            prop_assert_eq!(value, &model[offset as usize][..]);
+                        }
                     }
                 }
             }
