@@ -131,18 +131,27 @@ fn kill9_during_appends_never_loses_acknowledged_batches() {
                 .spawn()
                 .unwrap();
             let stdout = child.stdout.take().unwrap();
+            let (first_ack_tx, first_ack_rx) = std::sync::mpsc::channel::<()>();
             let reader = std::thread::spawn(move || {
                 let mut lines = Vec::new();
                 for line in BufReader::new(stdout).lines() {
                     let Ok(line) = line else { break };
+                    if line.contains("ACK ") {
+                        let _ = first_ack_tx.send(());
+                    }
                     lines.push(line);
                 }
                 lines
             });
-            // Let it run a random while (it must get going first), then SIGKILL.
-            std::thread::sleep(Duration::from_millis(150 + next(&mut rng) % 400));
+            // Wait (bounded) until the child is appending, then kill it at a random moment.
+            let started = first_ack_rx.recv_timeout(Duration::from_secs(10));
+            std::thread::sleep(Duration::from_millis(next(&mut rng) % 300));
             child.kill().unwrap();
             child.wait().unwrap();
+            assert!(
+                started.is_ok(),
+                "round {round}: the child appended nothing within 10 s"
+            );
             let lines = reader.join().unwrap();
             let ready: u64 = lines
                 .iter()
