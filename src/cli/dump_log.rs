@@ -18,8 +18,8 @@ use serde_json::{json, Map, Value};
 use crate::partition::MAX_UNCOMPRESSED_BATCH_BYTES;
 use crate::record::{BatchHeader, Record, RecordBatch};
 use crate::segment::{
-    BatchScanner, ScannedBatch, INDEX_SUFFIX, LOG_SUFFIX, OFFSET_ENTRY_SIZE, TIME_ENTRY_SIZE,
-    TIME_INDEX_SUFFIX,
+    read_header_at, BatchScanner, ScannedBatch, INDEX_SUFFIX, LOG_SUFFIX, OFFSET_ENTRY_SIZE,
+    TIME_ENTRY_SIZE, TIME_INDEX_SUFFIX,
 };
 
 use super::{CliError, OutputFormat};
@@ -307,16 +307,6 @@ fn print_batch(
     Ok(problem)
 }
 
-/// The batch starting exactly at `position` of the log, if one does.
-fn batch_at(log: &File, log_size: u64, position: u64) -> Option<BatchHeader> {
-    let mut buf = [0u8; crate::record::HEADER_LEN];
-    if position >= log_size {
-        return None;
-    }
-    let n = crate::segment::read_at_most(log, position, &mut buf).ok()?;
-    BatchHeader::parse(&buf[..n]).ok()
-}
-
 fn dump_index_file(
     path: &Path,
     kind: &str,
@@ -363,7 +353,9 @@ fn dump_index_file(
             previous = Some((offset, position as i64));
             let matches = log.as_ref().map(|l| {
                 increasing
-                    && batch_at(l, log_size, position)
+                    && read_header_at(l, log_size, position)
+                        .ok()
+                        .flatten()
                         .is_some_and(|h| h.base_offset as u64 == offset)
             });
             (

@@ -18,7 +18,7 @@ use crate::record::{BatchHeader, BatchIter, HEADER_LEN};
 
 use super::log_file::{read_at_most, LogFile};
 use super::offset_index::{OffsetIndex, OffsetPosition};
-use super::scan::{BatchScanner, ScanError};
+use super::scan::{read_header_at, BatchScanner, ScanError};
 use super::time_index::TimeIndex;
 use super::SegmentError;
 
@@ -417,20 +417,11 @@ impl LogSegment {
 
     /// Reads the header of the batch at `position`; `Ok(None)` at the end of the log.
     pub fn header_at(&self, position: u64) -> Result<Option<BatchHeader>, SegmentError> {
-        if position >= self.log.size() {
-            return Ok(None);
-        }
-        let mut buf = [0u8; HEADER_LEN];
-        let n = self
-            .log
-            .read_at(position, &mut buf)
-            .map_err(|e| SegmentError::io(self.log.path(), e))?;
-        BatchHeader::parse(&buf[..n])
-            .map(Some)
-            .map_err(|e| SegmentError::Corrupt {
-                path: self.log.path().to_path_buf(),
-                reason: format!("batch header at position {position}: {e}"),
-            })
+        let file = self.log.handle();
+        read_header_at(&file, self.log.size(), position).map_err(|e| match e {
+            ScanError::Io { source, .. } => SegmentError::io(self.log.path(), source),
+            other => self.scan_error(other),
+        })
     }
 
     /// Finds the batch holding `offset` (the first batch whose last offset is `>= offset`),

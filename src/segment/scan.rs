@@ -8,7 +8,9 @@
 use std::fs::File;
 use std::io;
 
-use crate::record::{peek_total_size, BatchHeader, RecordBatch, RecordError, LOG_OVERHEAD};
+use crate::record::{
+    peek_total_size, BatchHeader, RecordBatch, RecordError, HEADER_LEN, LOG_OVERHEAD,
+};
 
 use super::log_file::read_at_most;
 
@@ -68,6 +70,25 @@ impl ScanError {
     }
 }
 
+/// Reads and decodes the header of the batch starting at `position`; `Ok(None)` when
+/// `position` is at or past `end`. Used for index checks and offset lookups, which need a
+/// header, not a whole batch.
+pub fn read_header_at(
+    file: &File,
+    end: u64,
+    position: u64,
+) -> Result<Option<BatchHeader>, ScanError> {
+    if position >= end {
+        return Ok(None);
+    }
+    let mut buf = [0u8; HEADER_LEN];
+    let n = read_at_most(file, position, &mut buf)
+        .map_err(|source| ScanError::Io { position, source })?;
+    BatchHeader::parse(&buf[..n])
+        .map(Some)
+        .map_err(|source| ScanError::Corrupt { position, source })
+}
+
 /// One batch found by the scanner.
 #[derive(Debug, Clone, Copy)]
 pub struct ScannedBatch<'a> {
@@ -94,7 +115,6 @@ pub struct BatchScanner<'f> {
     cursor: usize,
     end: u64,
     max_batch_bytes: u64,
-    read_ahead: usize,
 }
 
 /// Default read-ahead of the scanner.
@@ -103,25 +123,13 @@ const READ_AHEAD: usize = 64 * 1024;
 impl<'f> BatchScanner<'f> {
     /// Scans `[start, end)` of `file`, refusing batches larger than `max_batch_bytes`.
     pub fn new(file: &'f File, start: u64, end: u64, max_batch_bytes: u64) -> Self {
-        Self::with_read_ahead(file, start, end, max_batch_bytes, READ_AHEAD)
-    }
-
-    /// As [`BatchScanner::new`], reading `read_ahead` bytes at a time.
-    pub fn with_read_ahead(
-        file: &'f File,
-        start: u64,
-        end: u64,
-        max_batch_bytes: u64,
-        read_ahead: usize,
-    ) -> Self {
         Self {
             file,
             buf_position: start,
-            buf: Vec::with_capacity(read_ahead),
+            buf: Vec::with_capacity(READ_AHEAD),
             cursor: 0,
             end,
             max_batch_bytes,
-            read_ahead: read_ahead.max(LOG_OVERHEAD),
         }
     }
 
@@ -142,7 +150,7 @@ impl<'f> BatchScanner<'f> {
         self.cursor = 0;
         let read_end = self.buf_position + self.buf.len() as u64;
         let left_in_range = self.end.saturating_sub(read_end);
-        let target = want.max(self.read_ahead);
+        let target = want.max(READ_AHEAD);
         let to_read = (target - self.buf.len()).min(left_in_range as usize);
         let old_len = self.buf.len();
         self.buf.resize(old_len + to_read, 0);
