@@ -5,11 +5,19 @@
 //! - [`segment`]: one segment's `.log`, `.index` and `.timeindex` files;
 //! - [`partition`]: one partition's log: segments, offsets, roll, retention, truncation,
 //!   recovery, leader epochs, flushing;
+//! - [`controller`]: the Raft quorum holding cluster metadata;
+//! - [`api`]: the gRPC services and their proto types;
 //! - [`cli`]: the command-line tools.
 
+pub mod api;
 pub mod cli;
+pub mod client;
+pub mod config;
+pub mod controller;
+pub mod error_code;
 pub mod partition;
 pub mod record;
+pub mod roles;
 pub mod segment;
 pub mod topic_config;
 pub mod types;

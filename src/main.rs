@@ -15,6 +15,12 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run a member of the metadata controller quorum (Raft).
+    Controller(cli::controller::ControllerArgs),
+    /// Create, list, describe, alter and delete topics.
+    Topics(cli::topics::TopicsArgs),
+    /// Describe the controller quorum and the brokers.
+    Cluster(cli::cluster::ClusterArgs),
     /// Decode segment files (.log, .index, .timeindex), like kafka-dump-log.sh.
     DumpLog(cli::dump_log::DumpLogArgs),
 }
@@ -22,13 +28,17 @@ enum Command {
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn")),
         )
         .init();
     let args = Cli::parse();
     let result = match &args.command {
+        Command::Controller(a) => cli::controller::run(a),
+        Command::Topics(a) => cli::topics::run(a),
+        Command::Cluster(a) => cli::cluster::run(a),
         Command::DumpLog(a) => cli::dump_log::run(a),
     };
     match result {

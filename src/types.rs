@@ -46,3 +46,19 @@ impl fmt::Display for LeaderEpoch {
         self.0.fmt(f)
     }
 }
+
+/// A broker's id, unique in a cluster (Kafka's `broker.id`, a signed 32-bit integer).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(transparent)]
+pub struct BrokerId(pub i32);
+
+impl fmt::Display for BrokerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// A controller's id in the Raft quorum (`--node-id`).
+pub type NodeId = u64;

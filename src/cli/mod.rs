@@ -1,7 +1,11 @@
 //! Command-line tools, one file per subcommand family. `main.rs` only parses and
 //! dispatches; everything a subcommand does lives here.
 
+pub mod client_args;
+pub mod cluster;
+pub mod controller;
 pub mod dump_log;
+pub mod topics;
 
 use std::fmt;
 

@@ -1,0 +1,54 @@
+//! Forwarding of requests from a follower controller to the Raft leader.
+//!
+//! A forwarded request carries `tidelog-forwarded`; a node that receives one and is not the
+//! leader answers NOT_CONTROLLER instead of forwarding again, so requests never loop.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tonic::metadata::MetadataValue;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Status};
+
+use super::status::FORWARDED_KEY;
+
+/// How long a forwarded call may take.
+pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Lazily connected channels to peer controllers, by address.
+#[derive(Default)]
+pub struct PeerChannels {
+    channels: Mutex<HashMap<String, Channel>>,
+}
+
+impl PeerChannels {
+    /// The channel to `address`, created on first use.
+    pub fn get(&self, address: &str) -> Result<Channel, Status> {
+        let mut channels = self.channels.lock();
+        if let Some(c) = channels.get(address) {
+            return Ok(c.clone());
+        }
+        let channel = Endpoint::from_shared(format!("http://{address}"))
+            .map_err(|e| Status::internal(format!("bad peer address {address}: {e}")))?
+            .connect_timeout(Duration::from_secs(1))
+            .connect_lazy();
+        channels.insert(address.to_owned(), channel.clone());
+        Ok(channel)
+    }
+}
+
+/// Whether a request was already forwarded once.
+pub fn is_forwarded<T>(request: &Request<T>) -> bool {
+    request.metadata().contains_key(FORWARDED_KEY)
+}
+
+/// Wraps `message` as a forwarded request with a deadline.
+pub fn forwarded<T>(message: T) -> Request<T> {
+    let mut request = Request::new(message);
+    request
+        .metadata_mut()
+        .insert(FORWARDED_KEY, MetadataValue::from_static("1"));
+    request.set_timeout(FORWARD_TIMEOUT);
+    request
+}

@@ -1,0 +1,10 @@
+//! gRPC services: proto <-> domain conversion and error mapping only. Handlers call into
+//! [`crate::controller`] (and, later, the broker) and translate results.
+
+pub mod admin_service;
+pub mod controller_service;
+pub mod convert;
+pub mod forward;
+pub mod proto;
+pub mod raft_service;
+pub mod status;

@@ -1,0 +1,122 @@
+//! Errors on the wire: every failure is a gRPC status whose trailing metadata carries the
+//! machine-readable code (`tidelog-error-code`), whether to retry (`tidelog-retriable`)
+//! and, for requests that reached the wrong node, where to go (`tidelog-leader-hint`).
+
+use tonic::metadata::MetadataValue;
+use tonic::{Code, Status};
+
+use crate::controller::ControllerError;
+use crate::error_code::ErrorCode;
+
+/// Metadata key holding the [`ErrorCode`] name.
+pub const ERROR_CODE_KEY: &str = "tidelog-error-code";
+/// Metadata key holding "true" or "false".
+pub const RETRIABLE_KEY: &str = "tidelog-retriable";
+/// Metadata key holding the address of the node to retry at.
+pub const LEADER_HINT_KEY: &str = "tidelog-leader-hint";
+/// Request metadata set on requests one controller forwards to another (never forwarded twice).
+pub const FORWARDED_KEY: &str = "tidelog-forwarded";
+
+fn grpc_code(code: ErrorCode) -> Code {
+    match code {
+        ErrorCode::UnknownTopicOrPartition | ErrorCode::BrokerNotRegistered => Code::NotFound,
+        ErrorCode::TopicAlreadyExists | ErrorCode::DuplicateBrokerRegistration => {
+            Code::AlreadyExists
+        }
+        ErrorCode::InvalidTopic
+        | ErrorCode::InvalidPartitions
+        | ErrorCode::InvalidReplicationFactor
+        | ErrorCode::InvalidConfig
+        | ErrorCode::InvalidRequest
+        | ErrorCode::InvalidReplicaAssignment
+        | ErrorCode::RecordTooLarge
+        | ErrorCode::CorruptMessage => Code::InvalidArgument,
+        ErrorCode::OffsetOutOfRange => Code::OutOfRange,
+        ErrorCode::RequestTimedOut => Code::DeadlineExceeded,
+        ErrorCode::NotController
+        | ErrorCode::NotLeaderOrFollower
+        | ErrorCode::NotEnoughReplicas
+        | ErrorCode::ClusterNotReady
+        | ErrorCode::KafkaStorageError => Code::Unavailable,
+        ErrorCode::StaleBrokerEpoch
+        | ErrorCode::FencedLeaderEpoch
+        | ErrorCode::InvalidUpdateVersion
+        | ErrorCode::IneligibleReplica => Code::FailedPrecondition,
+        ErrorCode::UnknownServerError => Code::Internal,
+    }
+}
+
+/// A status carrying `code`, `message` and an optional leader hint.
+pub fn error_status(
+    code: ErrorCode,
+    message: impl Into<String>,
+    leader_hint: Option<&str>,
+) -> Status {
+    let mut status = Status::new(grpc_code(code), message.into());
+    let md = status.metadata_mut();
+    md.insert(ERROR_CODE_KEY, MetadataValue::from_static(code.as_str()));
+    md.insert(
+        RETRIABLE_KEY,
+        MetadataValue::from_static(if code.is_retriable() { "true" } else { "false" }),
+    );
+    if let Some(hint) = leader_hint.and_then(|h| h.parse().ok()) {
+        md.insert(LEADER_HINT_KEY, hint);
+    }
+    status
+}
+
+impl From<ControllerError> for Status {
+    fn from(e: ControllerError) -> Status {
+        let hint = match &e {
+            ControllerError::NotController {
+                leader: Some((_, addr)),
+                ..
+            } => Some(addr.clone()),
+            _ => None,
+        };
+        error_status(e.code(), e.message(), hint.as_deref())
+    }
+}
+
+/// Reads the error code a status carries; statuses without one (transport failures) map
+/// from their gRPC code.
+pub fn code_of(status: &Status) -> ErrorCode {
+    if let Some(code) = status
+        .metadata()
+        .get(ERROR_CODE_KEY)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|s| s.parse().ok())
+    {
+        return code;
+    }
+    match status.code() {
+        Code::DeadlineExceeded | Code::Cancelled => ErrorCode::RequestTimedOut,
+        Code::Unavailable => ErrorCode::NotController,
+        Code::InvalidArgument | Code::Unimplemented => ErrorCode::InvalidRequest,
+        _ => ErrorCode::UnknownServerError,
+    }
+}
+
+/// The leader hint a status carries, if any.
+pub fn leader_hint_of(status: &Status) -> Option<String> {
+    status
+        .metadata()
+        .get(LEADER_HINT_KEY)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_survive_the_status() {
+        for code in ErrorCode::ALL {
+            let s = error_status(*code, "why", Some("127.0.0.1:1"));
+            assert_eq!(code_of(&s), *code);
+            assert_eq!(leader_hint_of(&s).as_deref(), Some("127.0.0.1:1"));
+            assert_eq!(s.message(), "why");
+        }
+    }
+}

@@ -1,0 +1,243 @@
+//! `tidelog topics create|list|describe|alter|delete`, like `kafka-topics.sh`.
+
+use serde_json::{json, Value};
+
+use super::client_args::{block_on, parse_pairs, ClientArgs};
+use super::{CliError, OutputFormat};
+use crate::api::proto::{AlterTopicRequest, TopicDescription, TopicState};
+use crate::client::AdminClient;
+
+/// `tidelog topics ...`.
+#[derive(Debug, clap::Args)]
+pub struct TopicsArgs {
+    #[command(subcommand)]
+    command: TopicsCommand,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum TopicsCommand {
+    /// Create a topic.
+    Create {
+        /// The topic's name: [a-zA-Z0-9._-], 1 to 249 characters.
+        #[arg(long)]
+        topic: String,
+        /// Number of partitions (default 1).
+        #[arg(long)]
+        partitions: Option<u32>,
+        /// Replicas per partition (default 1).
+        #[arg(long)]
+        replication_factor: Option<u32>,
+        /// A topic setting as key=value (repeatable), e.g. retention.ms=86400000.
+        #[arg(long = "config")]
+        config: Vec<String>,
+    },
+    /// List topics.
+    List,
+    /// Describe one topic, or all.
+    Describe {
+        /// The topic (default: every topic).
+        #[arg(long)]
+        topic: Option<String>,
+    },
+    /// Add partitions or change settings.
+    Alter {
+        /// The topic.
+        #[arg(long)]
+        topic: String,
+        /// The new partition count (it can only grow).
+        #[arg(long)]
+        partitions: Option<u32>,
+        /// A setting to set, key=value (repeatable).
+        #[arg(long = "config")]
+        config: Vec<String>,
+        /// A setting to remove, back to its default (repeatable).
+        #[arg(long = "delete-config")]
+        delete_config: Vec<String>,
+    },
+    /// Delete a topic and its data.
+    Delete {
+        /// The topic.
+        #[arg(long)]
+        topic: String,
+    },
+}
+
+/// Runs `tidelog topics ...`.
+pub fn run(args: &TopicsArgs) -> Result<(), CliError> {
+    let client = AdminClient::new(args.client.addresses()?, args.client.timeout());
+    let output = args.client.output;
+    block_on(async move {
+        match &args.command {
+            TopicsCommand::Create {
+                topic,
+                partitions,
+                replication_factor,
+                config,
+            } => {
+                let config = parse_pairs("--config", config)?;
+                let r = client
+                    .create_topic(topic, *partitions, *replication_factor, config)
+                    .await?;
+                let t = r.topic.unwrap_or_default();
+                print_summary(output, "Created", &t);
+            }
+            TopicsCommand::List => {
+                let r = client.list_topics().await?;
+                match output {
+                    OutputFormat::Json => {
+                        let topics: Vec<Value> = r
+                            .topics
+                            .iter()
+                            .map(|t| {
+                                json!({"name": t.name, "id": t.id, "partitions": t.partitions,
+                                       "replication_factor": t.replication_factor})
+                            })
+                            .collect();
+                        println!("{}", json!({ "topics": topics }));
+                    }
+                    OutputFormat::Table => {
+                        for t in &r.topics {
+                            println!("{}", t.name);
+                        }
+                    }
+                }
+            }
+            TopicsCommand::Describe { topic } => {
+                let names = topic.iter().cloned().collect();
+                let r = client.describe_topics(names).await?;
+                print_descriptions(output, &r.topics);
+            }
+            TopicsCommand::Alter {
+                topic,
+                partitions,
+                config,
+                delete_config,
+            } => {
+                if partitions.is_none() && config.is_empty() && delete_config.is_empty() {
+                    return Err(CliError::new(
+                        "INVALID_REQUEST",
+                        "nothing to alter: give --partitions, --config or --delete-config",
+                    ));
+                }
+                let r = client
+                    .alter_topic(AlterTopicRequest {
+                        name: topic.clone(),
+                        partitions: *partitions,
+                        set_config: parse_pairs("--config", config)?,
+                        delete_config: delete_config.clone(),
+                    })
+                    .await?;
+                print_summary(output, "Altered", &r.topic.unwrap_or_default());
+            }
+            TopicsCommand::Delete { topic } => {
+                client.delete_topic(topic).await?;
+                match output {
+                    OutputFormat::Json => println!("{}", json!({"name": topic, "deleted": true})),
+                    OutputFormat::Table => println!("Deleted topic {topic}."),
+                }
+            }
+        }
+        Ok(())
+    })?
+}
+
+fn print_summary(output: OutputFormat, verb: &str, t: &TopicState) {
+    match output {
+        OutputFormat::Json => println!(
+            "{}",
+            json!({"name": t.name, "id": t.id, "partitions": t.partitions.len(),
+                   "replication_factor": t.replication_factor, "config": t.config})
+        ),
+        OutputFormat::Table => println!(
+            "{verb} topic {} ({} partitions, replication factor {}).",
+            t.name,
+            t.partitions.len(),
+            t.replication_factor
+        ),
+    }
+}
+
+fn ids(v: &[i32]) -> String {
+    v.iter()
+        .map(|b| b.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Prints topic descriptions in CLI.md's shape (JSON) or kafka-topics.sh's (table).
+pub fn print_descriptions(output: OutputFormat, topics: &[TopicDescription]) {
+    match output {
+        OutputFormat::Json => {
+            let topics: Vec<Value> = topics.iter().map(description_json).collect();
+            println!("{}", json!({ "topics": topics }));
+        }
+        OutputFormat::Table => {
+            for d in topics {
+                let t = d.topic.clone().unwrap_or_default();
+                let config = t
+                    .config
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(",");
+                println!(
+                    "Topic: {}\tTopicId: {}\tPartitionCount: {}\tReplicationFactor: {}\tConfigs: {}",
+                    t.name,
+                    t.id,
+                    t.partitions.len(),
+                    t.replication_factor,
+                    config
+                );
+                for p in &t.partitions {
+                    let leader = p.leader.map_or("none".to_owned(), |l| l.to_string());
+                    let mut line = format!(
+                        "\tTopic: {}\tPartition: {}\tLeader: {}\tLeaderEpoch: {}\tReplicas: {}\tIsr: {}",
+                        t.name,
+                        p.partition,
+                        leader,
+                        p.leader_epoch,
+                        ids(&p.replicas),
+                        ids(&p.isr)
+                    );
+                    if let Some(o) = d.offsets.iter().find(|o| o.partition == p.partition) {
+                        line.push_str(&format!(
+                            "\tLogStart: {}\tHighWatermark: {}\tLogEnd: {}",
+                            o.log_start_offset, o.high_watermark, o.log_end_offset
+                        ));
+                    }
+                    println!("{line}");
+                }
+            }
+        }
+    }
+}
+
+fn description_json(d: &TopicDescription) -> Value {
+    let t = d.topic.clone().unwrap_or_default();
+    let partitions: Vec<Value> = t
+        .partitions
+        .iter()
+        .map(|p| {
+            let o = d.offsets.iter().find(|o| o.partition == p.partition);
+            json!({
+                "partition": p.partition,
+                "leader": p.leader,
+                "leader_epoch": p.leader_epoch,
+                "replicas": p.replicas,
+                "isr": p.isr,
+                "log_start_offset": o.map(|o| o.log_start_offset),
+                "high_watermark": o.map(|o| o.high_watermark),
+                "log_end_offset": o.map(|o| o.log_end_offset),
+            })
+        })
+        .collect();
+    json!({
+        "name": t.name,
+        "id": t.id,
+        "replication_factor": t.replication_factor,
+        "partitions": partitions,
+        "config": t.config,
+    })
+}

@@ -1,0 +1,28 @@
+//! The client's error: a machine-readable code and a message, from the server or local.
+
+use crate::error_code::ErrorCode;
+
+/// A failed client call.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct ClientError {
+    /// What kind of failure.
+    pub code: ErrorCode,
+    /// What and why.
+    pub message: String,
+}
+
+impl ClientError {
+    /// A new error.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// Whether retrying may help.
+    pub fn is_retriable(&self) -> bool {
+        self.code.is_retriable()
+    }
+}

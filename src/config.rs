@@ -1,0 +1,257 @@
+//! Typed configuration of the server roles, layered with the `config` crate:
+//! built-in defaults < `--config FILE` (TOML) < `TIDELOG_*` environment variables <
+//! command-line flags. Keys are the field names below (`TIDELOG_<KEY>` in upper case in
+//! the environment); `config/tidelog.toml` lists every key with its default and unit.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::types::NodeId;
+
+/// A configuration that could not be loaded; the message names the key and the limit.
+#[derive(Debug, thiserror::Error)]
+#[error("configuration: {0}")]
+pub struct ConfigLoadError(pub String);
+
+/// Settings of a controller (and of the controller half of `standalone`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ControllerConfig {
+    /// This controller's id in the quorum.
+    pub node_id: NodeId,
+    /// The gRPC address to bind.
+    pub listen: String,
+    /// Every voter as `id=host:port`, comma-separated (including this node).
+    pub peers: String,
+    /// Where the Raft log, votes and snapshots live.
+    pub data_dir: PathBuf,
+    /// A broker without a heartbeat for this long is fenced (ms).
+    pub broker_session_timeout_ms: u64,
+    /// Raft leader heartbeat interval (ms).
+    pub raft_heartbeat_interval_ms: u64,
+    /// Raft election timeout, lower bound (ms).
+    pub raft_election_timeout_min_ms: u64,
+    /// Raft election timeout, upper bound (ms).
+    pub raft_election_timeout_max_ms: u64,
+    /// Take a snapshot after this many log entries since the last one.
+    pub raft_snapshot_entries: u64,
+    /// Log entries kept after a snapshot (so slightly lagging followers need no snapshot).
+    pub raft_entries_kept_after_snapshot: u64,
+    /// A Raft log segment file rolls beyond this size (bytes).
+    pub raft_log_segment_bytes: u64,
+    /// Metadata versions kept for incremental FetchMetadata answers.
+    pub metadata_history_max: usize,
+    /// How long a metadata write may take before REQUEST_TIMED_OUT (ms).
+    pub write_timeout_ms: u64,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        Self {
+            node_id: 1,
+            listen: "127.0.0.1:9293".to_owned(),
+            peers: String::new(),
+            data_dir: PathBuf::from("./tidelog-data"),
+            broker_session_timeout_ms: 9_000,
+            raft_heartbeat_interval_ms: 200,
+            raft_election_timeout_min_ms: 1_000,
+            raft_election_timeout_max_ms: 2_000,
+            raft_snapshot_entries: 10_000,
+            raft_entries_kept_after_snapshot: 1_000,
+            raft_log_segment_bytes: 8 * 1024 * 1024,
+            metadata_history_max: 10_000,
+            write_timeout_ms: 10_000,
+        }
+    }
+}
+
+impl ControllerConfig {
+    /// The peer list as a map; fails on a malformed entry or a repeated id.
+    pub fn peer_map(&self) -> Result<BTreeMap<NodeId, String>, ConfigLoadError> {
+        parse_peers(&self.peers)
+    }
+
+    /// Checks ranges and relations between keys.
+    pub fn validate(&self) -> Result<(), ConfigLoadError> {
+        let bad = |m: String| Err(ConfigLoadError(m));
+        if self.raft_heartbeat_interval_ms == 0 {
+            return bad("raft_heartbeat_interval_ms must be at least 1".to_owned());
+        }
+        if self.raft_election_timeout_min_ms <= self.raft_heartbeat_interval_ms {
+            return bad(format!(
+                "raft_election_timeout_min_ms ({}) must exceed raft_heartbeat_interval_ms ({})",
+                self.raft_election_timeout_min_ms, self.raft_heartbeat_interval_ms
+            ));
+        }
+        if self.raft_election_timeout_max_ms <= self.raft_election_timeout_min_ms {
+            return bad(format!(
+                "raft_election_timeout_max_ms ({}) must exceed raft_election_timeout_min_ms ({})",
+                self.raft_election_timeout_max_ms, self.raft_election_timeout_min_ms
+            ));
+        }
+        if self.broker_session_timeout_ms < 100 {
+            return bad(format!(
+                "broker_session_timeout_ms must be at least 100, got {}",
+                self.broker_session_timeout_ms
+            ));
+        }
+        if self.raft_snapshot_entries == 0 {
+            return bad("raft_snapshot_entries must be at least 1".to_owned());
+        }
+        if self.raft_log_segment_bytes < 4096 {
+            return bad(format!(
+                "raft_log_segment_bytes must be at least 4096, got {}",
+                self.raft_log_segment_bytes
+            ));
+        }
+        if self.metadata_history_max == 0 {
+            return bad("metadata_history_max must be at least 1".to_owned());
+        }
+        let peers = self.peer_map()?;
+        if peers.is_empty() {
+            return bad("peers must list every controller as id=host:port".to_owned());
+        }
+        if !peers.contains_key(&self.node_id) {
+            return bad(format!(
+                "node_id {} is not in peers ({})",
+                self.node_id,
+                peers
+                    .keys()
+                    .map(|k| k.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Parses `1=host:port,2=host:port`.
+pub fn parse_peers(text: &str) -> Result<BTreeMap<NodeId, String>, ConfigLoadError> {
+    let mut peers = BTreeMap::new();
+    for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let Some((id, addr)) = item.split_once('=') else {
+            return Err(ConfigLoadError(format!(
+                "peers: '{item}' is not id=host:port"
+            )));
+        };
+        let id: NodeId = id.trim().parse().map_err(|_| {
+            ConfigLoadError(format!(
+                "peers: '{id}' in '{item}' is not a node id (an integer)"
+            ))
+        })?;
+        let addr = addr.trim();
+        if addr.parse::<std::net::SocketAddr>().is_err() && !addr.contains(':') {
+            return Err(ConfigLoadError(format!(
+                "peers: '{addr}' in '{item}' is not host:port"
+            )));
+        }
+        if peers.insert(id, addr.to_owned()).is_some() {
+            return Err(ConfigLoadError(format!(
+                "peers: node id {id} is listed twice"
+            )));
+        }
+    }
+    Ok(peers)
+}
+
+/// Loads `T` from its defaults, then `file`, then `TIDELOG_*` variables, then `flags`
+/// (only the flags the user gave).
+pub fn load<T>(file: Option<&Path>, flags: &[(&str, Option<String>)]) -> Result<T, ConfigLoadError>
+where
+    T: Serialize + DeserializeOwned + Default,
+{
+    let err = |e: config::ConfigError| ConfigLoadError(e.to_string());
+    let defaults = config::Config::try_from(&T::default()).map_err(err)?;
+    let mut builder = config::Config::builder().add_source(defaults);
+    if let Some(path) = file {
+        if !path.exists() {
+            return Err(ConfigLoadError(format!(
+                "config file {} does not exist",
+                path.display()
+            )));
+        }
+        builder = builder.add_source(
+            config::File::from(path)
+                .format(config::FileFormat::Toml)
+                .required(true),
+        );
+    }
+    builder = builder.add_source(
+        config::Environment::with_prefix("TIDELOG")
+            .prefix_separator("_")
+            .try_parsing(true),
+    );
+    for (key, value) in flags {
+        if let Some(v) = value {
+            builder = builder.set_override(*key, v.clone()).map_err(err)?;
+        }
+    }
+    builder.build().map_err(err)?.try_deserialize().map_err(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peers_parse_and_reject_bad_entries() {
+        let p = parse_peers("1=127.0.0.1:1, 2=127.0.0.1:2").unwrap();
+        assert_eq!(p.len(), 2);
+        assert_eq!(p[&2], "127.0.0.1:2");
+        assert!(parse_peers("1=a:1,1=b:2").unwrap_err().0.contains("twice"));
+        assert!(parse_peers("x=a:1")
+            .unwrap_err()
+            .0
+            .contains("not a node id"));
+        assert!(parse_peers("1").is_err());
+    }
+
+    #[test]
+    fn layers_apply_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(
+            &file,
+            "broker_session_timeout_ms = 5000\nraft_snapshot_entries = 7\n",
+        )
+        .unwrap();
+        let c: ControllerConfig = load(
+            Some(&file),
+            &[
+                ("raft_snapshot_entries", Some("9".to_owned())),
+                ("listen", None),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.broker_session_timeout_ms, 5000);
+        assert_eq!(c.raft_snapshot_entries, 9);
+        assert_eq!(c.listen, "127.0.0.1:9293");
+    }
+
+    #[test]
+    fn validation_names_the_key() {
+        let c = ControllerConfig {
+            peers: "2=127.0.0.1:1".to_owned(),
+            ..Default::default()
+        };
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .0
+            .contains("node_id 1 is not in peers"));
+        let c = ControllerConfig {
+            peers: "1=127.0.0.1:1".to_owned(),
+            raft_election_timeout_min_ms: 100,
+            ..Default::default()
+        };
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .0
+            .contains("raft_election_timeout_min_ms"));
+    }
+}

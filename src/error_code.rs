@@ -1,0 +1,105 @@
+//! The machine-readable error codes every API failure carries (DESIGN §7).
+//!
+//! Each code says whether a client should retry: retriable codes describe a transient
+//! state (no leader yet, a stale cache, a timeout) that a retry, possibly after a metadata
+//! refresh, can get past; the others describe a request that will fail again unchanged.
+
+use std::fmt;
+use std::str::FromStr;
+
+macro_rules! error_codes {
+    ($($variant:ident = $name:literal, $retriable:literal, $doc:literal;)*) => {
+        /// A machine-readable error code; the names match `tidelog.v1.ErrorCode`.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+        #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+        pub enum ErrorCode {
+            $(#[doc = $doc] $variant,)*
+        }
+
+        impl ErrorCode {
+            /// Every code, in wire order.
+            pub const ALL: &'static [ErrorCode] = &[$(ErrorCode::$variant,)*];
+
+            /// The code's name, e.g. `TOPIC_ALREADY_EXISTS`.
+            pub fn as_str(self) -> &'static str {
+                match self { $(ErrorCode::$variant => $name,)* }
+            }
+
+            /// True when the same request may succeed if retried (after a backoff or a
+            /// metadata refresh).
+            pub fn is_retriable(self) -> bool {
+                match self { $(ErrorCode::$variant => $retriable,)* }
+            }
+
+            /// What the code means, for docs and `--help`.
+            pub fn description(self) -> &'static str {
+                match self { $(ErrorCode::$variant => $doc,)* }
+            }
+        }
+
+        impl FromStr for ErrorCode {
+            type Err = ();
+            fn from_str(s: &str) -> Result<Self, ()> {
+                match s { $($name => Ok(ErrorCode::$variant),)* _ => Err(()) }
+            }
+        }
+    };
+}
+
+error_codes! {
+    UnknownServerError = "UNKNOWN_SERVER_ERROR", false, "An unexpected server failure; the message says what.";
+    UnknownTopicOrPartition = "UNKNOWN_TOPIC_OR_PARTITION", true, "The topic or partition does not exist (yet: metadata may be propagating).";
+    NotLeaderOrFollower = "NOT_LEADER_OR_FOLLOWER", true, "This broker does not lead the partition; refresh metadata and retry at the leader.";
+    NotEnoughReplicas = "NOT_ENOUGH_REPLICAS", true, "Fewer in-sync replicas than min.insync.replicas; nothing was written.";
+    OffsetOutOfRange = "OFFSET_OUT_OF_RANGE", false, "The offset is outside [log start, log end].";
+    RecordTooLarge = "RECORD_TOO_LARGE", false, "A record or batch exceeds max.message.bytes.";
+    InvalidTopic = "INVALID_TOPIC", false, "The topic name is not [a-zA-Z0-9._-]{1,249} or is reserved.";
+    TopicAlreadyExists = "TOPIC_ALREADY_EXISTS", false, "A topic with this name exists.";
+    RequestTimedOut = "REQUEST_TIMED_OUT", true, "The request did not complete within its timeout; it may or may not have taken effect.";
+    NotController = "NOT_CONTROLLER", true, "This node is not the active controller and could not forward; retry at the leader hint.";
+    InvalidPartitions = "INVALID_PARTITIONS", false, "The partition count is 0, above the limit, or below the current count.";
+    InvalidReplicationFactor = "INVALID_REPLICATION_FACTOR", false, "The replication factor is 0 or above the number of live brokers.";
+    InvalidConfig = "INVALID_CONFIG", false, "An unknown configuration key or an invalid value.";
+    InvalidRequest = "INVALID_REQUEST", false, "A malformed request: a missing or out-of-range field.";
+    StaleBrokerEpoch = "STALE_BROKER_EPOCH", false, "The broker epoch is not the current registration's; the broker must register again.";
+    BrokerNotRegistered = "BROKER_NOT_REGISTERED", false, "No broker with this id is registered.";
+    FencedLeaderEpoch = "FENCED_LEADER_EPOCH", false, "The leader epoch is older than the current one.";
+    InvalidUpdateVersion = "INVALID_UPDATE_VERSION", true, "The partition epoch is stale: another change came first; refresh and retry.";
+    IneligibleReplica = "INELIGIBLE_REPLICA", true, "A proposed ISR member is fenced or not a replica.";
+    DuplicateBrokerRegistration = "DUPLICATE_BROKER_REGISTRATION", false, "Another live process holds this broker id.";
+    CorruptMessage = "CORRUPT_MESSAGE", false, "Stored or sent bytes fail their CRC or structure checks.";
+    KafkaStorageError = "KAFKA_STORAGE_ERROR", true, "A disk failure took the replica offline.";
+    InvalidReplicaAssignment = "INVALID_REPLICA_ASSIGNMENT", false, "An explicit replica assignment names unknown brokers or repeats one.";
+    ClusterNotReady = "CLUSTER_NOT_READY", true, "The controller quorum has not finished starting (no leader or no cluster id yet).";
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for code in ErrorCode::ALL {
+            assert_eq!(code.as_str().parse::<ErrorCode>(), Ok(*code));
+        }
+        assert!("NOPE".parse::<ErrorCode>().is_err());
+    }
+
+    #[test]
+    fn names_match_the_proto_enum() {
+        for code in ErrorCode::ALL {
+            let wire = crate::api::proto::ErrorCode::from_str_name(code.as_str());
+            assert!(
+                wire.is_some(),
+                "{} missing from common.proto",
+                code.as_str()
+            );
+        }
+    }
+}
