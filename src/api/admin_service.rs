@@ -52,7 +52,7 @@ impl ControllerAdminService {
     }
 
     async fn describe_cluster_locally(&self) -> DescribeClusterResponse {
-        let own = self.node.status();
+        let own = self.node.status().await;
         let is_leader = own.leader == Some(own.id);
         let mut tasks = tokio::task::JoinSet::new();
         for (id, address) in self.node.peers() {

@@ -223,7 +223,7 @@ impl Controller for ControllerService {
         _request: Request<NodeStatusRequest>,
     ) -> Result<Response<NodeStatusResponse>, Status> {
         Ok(Response::new(NodeStatusResponse {
-            status: Some(status_to_proto(&self.node.status())),
+            status: Some(status_to_proto(&self.node.status().await)),
         }))
     }
 }

@@ -99,7 +99,7 @@ pub struct NodeStatus {
     pub role: &'static str,
     /// Current term.
     pub term: u64,
-    /// Highest log index known committed (here: applied, which trails it closely).
+    /// Highest log index known committed.
     pub commit_index: u64,
     /// Last applied index (the metadata version).
     pub applied_index: u64,
@@ -671,7 +671,12 @@ impl ControllerNode {
     }
 
     /// This node's Raft status.
-    pub fn status(&self) -> NodeStatus {
+    pub async fn status(&self) -> NodeStatus {
+        let committed = self
+            .raft
+            .with_raft_state(|st| st.committed.map_or(0, |l| l.index))
+            .await
+            .ok();
         let m = self.raft.metrics().borrow().clone();
         let matched = m
             .replication
@@ -688,7 +693,7 @@ impl ControllerNode {
             address: self.peers.get(&self.id).cloned().unwrap_or_default(),
             role: role_name(m.state),
             term: m.current_term,
-            commit_index: applied,
+            commit_index: committed.unwrap_or(applied).max(applied),
             applied_index: applied,
             last_log_index: m.last_log_index.unwrap_or(0),
             leader: m.current_leader,

@@ -31,9 +31,10 @@ pub async fn run(config: ControllerConfig) -> Result<(), RoleError> {
     tasks.spawn(node.clone().run_housekeeping(cancel.clone()));
     let server = tasks.spawn(serve(node.clone(), listener, cancel.clone()));
     tracing::info!(node_id = node.id(), %address, data_dir = %config.data_dir.display(), "controller started");
+    let stop = shutdown_signal();
     announce_ready("controller", address);
     tokio::select! {
-        _ = shutdown_signal() => {}
+        _ = stop => {}
         result = server => {
             if let Ok(Err(e)) = result {
                 cancel.cancel();

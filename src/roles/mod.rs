@@ -51,22 +51,26 @@ pub async fn bind(address: &str) -> Result<(tokio::net::TcpListener, SocketAddr)
     Ok((listener, local))
 }
 
-/// Resolves when the process receives SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
+/// Installs the SIGTERM handler now (so a signal right after the ready line is caught) and
+/// returns a future that resolves on SIGTERM or SIGINT.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
+    let term = signal(SignalKind::terminate());
+    async move {
+        match term {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch SIGTERM; only Ctrl-C stops this process");
+                let _ = tokio::signal::ctrl_c().await;
             }
         }
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot watch SIGTERM; only Ctrl-C stops this process");
-            let _ = tokio::signal::ctrl_c().await;
-        }
+        tracing::info!("shutdown requested");
     }
-    tracing::info!("shutdown requested");
 }
 
 /// Prints the ready line scripts and tests wait for.

@@ -1,0 +1,287 @@
+//! Harness for tests that run the real `tidelog` binary: free loopback ports, temporary
+//! data directories, processes that are always killed and reaped (even on panic), and
+//! polling with deadlines instead of sleeps.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// The binary under test.
+pub fn binary() -> &'static str {
+    env!("CARGO_BIN_EXE_tidelog")
+}
+
+/// `n` distinct free ports on 127.0.0.1 (bound together, then released).
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"))
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().expect("addr").port())
+        .collect()
+}
+
+/// Raft timings that keep tests quick without spurious elections on a busy machine.
+pub const FAST_RAFT: &[(&str, &str)] = &[
+    ("TIDELOG_RAFT_HEARTBEAT_INTERVAL_MS", "100"),
+    ("TIDELOG_RAFT_ELECTION_TIMEOUT_MIN_MS", "600"),
+    ("TIDELOG_RAFT_ELECTION_TIMEOUT_MAX_MS", "1200"),
+];
+
+/// A running `tidelog` process; killed and reaped on drop.
+pub struct Proc {
+    child: Option<Child>,
+    stderr_path: PathBuf,
+    /// What it printed after "ready on".
+    pub ready_address: String,
+}
+
+impl Proc {
+    /// Starts `tidelog args...` and waits for `tidelog <role> ready on <ADDR>`.
+    pub fn start(role: &str, args: &[String], envs: &[(&str, &str)], log_dir: &Path) -> Proc {
+        let stderr_path = log_dir.join(
+            format!(
+                "{role}-{}.stderr",
+                args.join("_").replace(['/', ':', ','], "")
+            )
+            .chars()
+            .take(120)
+            .collect::<String>(),
+        );
+        let stderr = std::fs::File::create(&stderr_path).expect("stderr file");
+        let mut cmd = Command::new(binary());
+        cmd.arg(role)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .env("RUST_LOG", "info,openraft=warn");
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn tidelog");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut proc = Proc {
+            child: Some(child),
+            stderr_path,
+            ready_address: String::new(),
+        };
+        let prefix = format!("tidelog {role} ready on ");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some(addr) = line.strip_prefix(&prefix) {
+                        proc.ready_address = addr.trim().to_owned();
+                        return proc;
+                    }
+                }
+                Err(_) => {
+                    let tail = proc.stderr_tail();
+                    panic!("{role} did not become ready; stderr:\n{tail}");
+                }
+            }
+        }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().expect("running").id() as i32
+    }
+
+    /// The last lines of its stderr.
+    pub fn stderr_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.stderr_path).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(15)..].join("\n")
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Sends `signal` (e.g. SIGSTOP, SIGCONT) without waiting.
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on the pid of a child this harness spawned and has not reaped.
+        unsafe {
+            libc::kill(self.pid(), signal);
+        }
+    }
+
+    /// SIGTERM, then waits (bounded) for a clean exit; returns the exit status.
+    pub fn terminate(&mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("running");
+        // SAFETY: as in `signal`.
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("process ignored SIGTERM for 20 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Runs a client subcommand to completion; returns (success, stdout, stderr).
+pub fn cli(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(binary())
+        .args(args)
+        .env_remove("TIDELOG_BOOTSTRAP")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run tidelog");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Polls `check` every 50 ms until it returns `Some`, or panics after `within`.
+pub async fn eventually<T, F, Fut>(what: &str, within: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if Instant::now() > deadline {
+            panic!("timed out after {within:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A quorum of `tidelog controller` processes with ids 1..=n.
+pub struct Controllers {
+    pub dir: tempfile::TempDir,
+    pub ports: Vec<u16>,
+    pub procs: Vec<Option<Proc>>,
+    pub envs: Vec<(String, String)>,
+}
+
+impl Controllers {
+    /// Starts `n` controllers with `envs` added to [`FAST_RAFT`].
+    pub fn start(n: usize, envs: &[(&str, &str)]) -> Controllers {
+        let mut all: Vec<(String, String)> = FAST_RAFT
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        all.extend(envs.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let mut c = Controllers {
+            dir: tempfile::tempdir().expect("tempdir"),
+            ports: free_ports(n),
+            procs: (0..n).map(|_| None).collect(),
+            envs: all,
+        };
+        for id in 1..=n as u64 {
+            c.start_node(id);
+        }
+        c
+    }
+
+    /// `1=addr,2=addr,...`.
+    pub fn peers(&self) -> String {
+        (1..=self.ports.len() as u64)
+            .map(|id| format!("{id}={}", self.address(id)))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The address of controller `id`.
+    pub fn address(&self, id: u64) -> String {
+        format!("127.0.0.1:{}", self.ports[id as usize - 1])
+    }
+
+    /// Addresses of the running controllers.
+    pub fn live_addresses(&self) -> Vec<String> {
+        (1..=self.ports.len() as u64)
+            .filter(|id| self.procs[*id as usize - 1].is_some())
+            .map(|id| self.address(id))
+            .collect()
+    }
+
+    /// The data directory of controller `id`.
+    pub fn data_dir(&self, id: u64) -> PathBuf {
+        self.dir.path().join(format!("controller-{id}"))
+    }
+
+    /// The flags controller `id` runs with.
+    pub fn args(&self, id: u64) -> Vec<String> {
+        vec![
+            "--node-id".into(),
+            id.to_string(),
+            "--listen".into(),
+            self.address(id),
+            "--peers".into(),
+            self.peers(),
+            "--data-dir".into(),
+            self.data_dir(id).display().to_string(),
+        ]
+    }
+
+    /// (Re)starts controller `id`.
+    pub fn start_node(&mut self, id: u64) {
+        let envs: Vec<(&str, &str)> = self
+            .envs
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let proc = Proc::start("controller", &self.args(id), &envs, self.dir.path());
+        self.procs[id as usize - 1] = Some(proc);
+    }
+
+    /// kill -9 controller `id`.
+    pub fn kill9(&mut self, id: u64) {
+        if let Some(mut p) = self.procs[id as usize - 1].take() {
+            p.kill9();
+        }
+    }
+
+    /// SIGTERM controller `id`; asserts it exits cleanly.
+    pub fn stop(&mut self, id: u64) {
+        if let Some(mut p) = self.procs[id as usize - 1].take() {
+            let status = p.terminate();
+            assert!(
+                status.success(),
+                "controller {id} exited with {status}: {}",
+                p.stderr_tail()
+            );
+        }
+    }
+}
