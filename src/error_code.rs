@@ -92,6 +92,20 @@ mod tests {
     }
 
     #[test]
+    fn every_code_is_documented_in_api_md() {
+        let doc = include_str!("../docs/api.md");
+        for code in ErrorCode::ALL {
+            let retriable = if code.is_retriable() { "yes" } else { "no" };
+            let row = format!("| `{}` | {retriable} |", code.as_str());
+            assert!(
+                doc.contains(&row),
+                "docs/api.md lacks the row for {}",
+                code.as_str()
+            );
+        }
+    }
+
+    #[test]
     fn names_match_the_proto_enum() {
         for code in ErrorCode::ALL {
             let wire = crate::api::proto::ErrorCode::from_str_name(code.as_str());

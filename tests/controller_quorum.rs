@@ -4,11 +4,11 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{cli, eventually, Controllers};
+use common::{cli, eventually, Controllers, FakeBroker};
 use tidelog::api::proto::{
     AlterPartitionRequest, BrokerHeartbeatRequest, DescribeClusterResponse, PartitionState,
     RegisterBrokerRequest, TopicState,
@@ -50,60 +50,6 @@ async fn wait_for_leader(c: &Controllers) -> u64 {
         },
     )
     .await
-}
-
-/// A broker played by the test: registers, then heartbeats until stopped.
-struct FakeBroker {
-    id: i32,
-    epoch: u64,
-    beating: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl FakeBroker {
-    async fn start(controllers: Vec<String>, id: i32) -> FakeBroker {
-        let client = Arc::new(ControllerClient::new(controllers, Duration::from_secs(20)));
-        let epoch = client
-            .register_broker(RegisterBrokerRequest {
-                broker_id: id,
-                address: format!("127.0.0.1:{}", 40000 + id),
-                rack: None,
-                incarnation_id: uuid::Uuid::new_v4().to_string(),
-            })
-            .await
-            .expect("register")
-            .broker_epoch;
-        let beating = Arc::new(AtomicBool::new(true));
-        let flag = beating.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                if flag.load(Ordering::SeqCst) {
-                    let _ = client
-                        .heartbeat(BrokerHeartbeatRequest {
-                            broker_id: id,
-                            broker_epoch: epoch,
-                            metadata_version: 0,
-                            want_fence: false,
-                            want_shut_down: false,
-                        })
-                        .await;
-                }
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
-        });
-        FakeBroker {
-            id,
-            epoch,
-            beating,
-            task,
-        }
-    }
-}
-
-impl Drop for FakeBroker {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
 }
 
 async fn unfenced_brokers(addresses: Vec<String>) -> usize {

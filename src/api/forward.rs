@@ -32,6 +32,7 @@ impl PeerChannels {
         let channel = Endpoint::from_shared(format!("http://{address}"))
             .map_err(|e| Status::internal(format!("bad peer address {address}: {e}")))?
             .connect_timeout(Duration::from_secs(1))
+            .tcp_nodelay(true)
             .connect_lazy();
         channels.insert(address.to_owned(), channel.clone());
         Ok(channel)

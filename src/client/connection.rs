@@ -17,7 +17,7 @@ use crate::error_code::ErrorCode;
 /// First retry backoff; doubled per attempt up to [`BACKOFF_MAX`].
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 /// Longest backoff between attempts.
-const BACKOFF_MAX: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_millis(250);
 
 /// A set of cluster addresses and lazily opened channels to them.
 pub struct Connection {

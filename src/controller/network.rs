@@ -44,7 +44,13 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerConnection {
         let client = Endpoint::from_shared(format!("http://{}", node.addr))
             .ok()
-            .map(|e| RaftClient::new(e.connect_timeout(CONNECT_TIMEOUT).connect_lazy()));
+            .map(|e| {
+                RaftClient::new(
+                    e.connect_timeout(CONNECT_TIMEOUT)
+                        .tcp_nodelay(true)
+                        .connect_lazy(),
+                )
+            });
         PeerConnection {
             target,
             client,

@@ -2,11 +2,10 @@
 
 use std::sync::Arc;
 
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::{announce_ready, bind, shutdown_signal, RoleError};
+use super::{announce_ready, bind, incoming, shutdown_signal, RoleError};
 use crate::api::admin_service::ControllerAdminService;
 use crate::api::controller_service::ControllerService;
 use crate::api::forward::PeerChannels;
@@ -83,7 +82,7 @@ pub async fn serve(
         .add_service(AdminServer::new(ControllerAdminService::new(node, peers)))
         .add_service(health_service)
         .add_service(reflection)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), cancel.cancelled_owned())
+        .serve_with_incoming_shutdown(incoming(listener), cancel.cancelled_owned())
         .await?;
     Ok(())
 }

@@ -6,8 +6,12 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
+
+use tidelog::api::proto::{BrokerHeartbeatRequest, RegisterBrokerRequest};
+use tidelog::client::controller::ControllerClient;
 
 /// The binary under test.
 pub fn binary() -> &'static str {
@@ -198,7 +202,13 @@ pub struct Controllers {
 impl Controllers {
     /// Starts `n` controllers with `envs` added to [`FAST_RAFT`].
     pub fn start(n: usize, envs: &[(&str, &str)]) -> Controllers {
-        let mut all: Vec<(String, String)> = FAST_RAFT
+        Self::start_with(n, envs, true)
+    }
+
+    /// Starts `n` controllers with `envs`, on [`FAST_RAFT`] timings or the defaults.
+    pub fn start_with(n: usize, envs: &[(&str, &str)], fast_raft: bool) -> Controllers {
+        let timings: &[(&str, &str)] = if fast_raft { FAST_RAFT } else { &[] };
+        let mut all: Vec<(String, String)> = timings
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
@@ -283,5 +293,63 @@ impl Controllers {
                 p.stderr_tail()
             );
         }
+    }
+}
+
+/// A broker played by the test: registers, then heartbeats until stopped.
+pub struct FakeBroker {
+    /// Its broker id.
+    pub id: i32,
+    /// Its registration epoch.
+    pub epoch: u64,
+    /// Clear to stop heartbeating (the process "hangs").
+    pub beating: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FakeBroker {
+    /// Registers broker `id` through `controllers` and starts heartbeating every 250 ms.
+    pub async fn start(controllers: Vec<String>, id: i32) -> FakeBroker {
+        let client = Arc::new(ControllerClient::new(controllers, Duration::from_secs(20)));
+        let epoch = client
+            .register_broker(RegisterBrokerRequest {
+                broker_id: id,
+                address: format!("127.0.0.1:{}", 40000 + id),
+                rack: None,
+                incarnation_id: uuid::Uuid::new_v4().to_string(),
+            })
+            .await
+            .expect("register")
+            .broker_epoch;
+        let beating = Arc::new(AtomicBool::new(true));
+        let flag = beating.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                if flag.load(Ordering::SeqCst) {
+                    let _ = client
+                        .heartbeat(BrokerHeartbeatRequest {
+                            broker_id: id,
+                            broker_epoch: epoch,
+                            metadata_version: 0,
+                            want_fence: false,
+                            want_shut_down: false,
+                        })
+                        .await;
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        });
+        FakeBroker {
+            id,
+            epoch,
+            beating,
+            task,
+        }
+    }
+}
+
+impl Drop for FakeBroker {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
