@@ -352,6 +352,17 @@ impl ControllerNode {
             .map_err(ControllerError::Rejected)
     }
 
+    /// [`Self::check`] without a read barrier first (the hot path); a rejection is
+    /// confirmed after a barrier, because a newly elected leader may not have applied
+    /// everything committed yet.
+    async fn check_confirmed(&self, cmd: &MetadataCommand) -> Result<(), ControllerError> {
+        if self.check(cmd).is_ok() {
+            return Ok(());
+        }
+        self.read_barrier().await?;
+        self.check(cmd)
+    }
+
     /// Places partitions counting what is in the image and what is being proposed.
     fn place(
         &self,
@@ -594,6 +605,16 @@ impl ControllerNode {
         hb: Heartbeat,
     ) -> Result<HeartbeatOutcome, ControllerError> {
         self.ensure_leader()?;
+        let known = self.store.read(|image, _| {
+            image
+                .brokers
+                .get(&hb.broker_id)
+                .is_some_and(|b| b.epoch == hb.broker_epoch)
+        });
+        if !known {
+            // Confirm on a fresh image before telling a broker to register again.
+            self.read_barrier().await?;
+        }
         let state = self
             .store
             .read(|image, _| match image.brokers.get(&hb.broker_id) {
@@ -652,7 +673,7 @@ impl ControllerNode {
             ));
         }
         self.ensure_leader()?;
-        self.check(&cmd)?;
+        self.check_confirmed(&cmd).await?;
         match self.propose(cmd).await? {
             (CommandOutput::Partition(p), version) => Ok((p, version)),
             _ => Err(ControllerError::Internal(
