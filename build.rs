@@ -19,6 +19,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::write(out_dir.join("tidelog_descriptor.bin"), fds.encode_to_vec())?;
     tonic_prost_build::configure()
         .btree_map(".")
+        .bytes(".")
         .compile_fds(fds)?;
     Ok(())
 }

@@ -129,6 +129,84 @@ impl ControllerConfig {
     }
 }
 
+/// Settings of a broker (and of the broker half of `standalone`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BrokerConfig {
+    /// This broker's id (>= 0), unique in the cluster.
+    pub broker_id: i32,
+    /// The gRPC address to bind.
+    pub listen: String,
+    /// The address clients and other brokers use; the bound address when empty.
+    pub advertised_address: String,
+    /// Controller addresses, comma-separated.
+    pub controllers: String,
+    /// Where partitions live, one directory each.
+    pub data_dir: PathBuf,
+    /// This broker's rack, for rack-aware placement; empty for none.
+    pub rack: String,
+    /// Interval between heartbeats to the controllers (ms).
+    pub broker_heartbeat_interval_ms: u64,
+    /// Create unknown topics on first produce or metadata request (1 partition, 1 replica).
+    pub auto_create_topics_enable: bool,
+    /// Largest request a client may send (bytes).
+    pub max_request_bytes: usize,
+    /// Longest a fetch may wait for data (ms).
+    pub fetch_max_wait_ms: u64,
+    /// Largest fetch response (bytes).
+    pub fetch_max_bytes: usize,
+    /// How long to wait for the controllers to register this broker at start (ms).
+    pub registration_timeout_ms: u64,
+    /// How long a controlled shutdown may take before the broker stops anyway (ms).
+    pub controlled_shutdown_timeout_ms: u64,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        Self {
+            broker_id: 1,
+            listen: "127.0.0.1:9292".to_owned(),
+            advertised_address: String::new(),
+            controllers: "127.0.0.1:9293".to_owned(),
+            data_dir: PathBuf::from("./tidelog-data"),
+            rack: String::new(),
+            broker_heartbeat_interval_ms: 1_000,
+            auto_create_topics_enable: false,
+            max_request_bytes: 64 * 1024 * 1024,
+            fetch_max_wait_ms: 30_000,
+            fetch_max_bytes: 50 * 1024 * 1024,
+            registration_timeout_ms: 60_000,
+            controlled_shutdown_timeout_ms: 10_000,
+        }
+    }
+}
+
+impl BrokerConfig {
+    /// Checks ranges.
+    pub fn validate(&self) -> Result<(), ConfigLoadError> {
+        let bad = |m: String| Err(ConfigLoadError(m));
+        if self.broker_id < 0 {
+            return bad(format!("broker_id must be >= 0, got {}", self.broker_id));
+        }
+        if self.broker_heartbeat_interval_ms == 0 {
+            return bad("broker_heartbeat_interval_ms must be at least 1".to_owned());
+        }
+        if self.max_request_bytes < 1024 {
+            return bad(format!(
+                "max_request_bytes must be at least 1024, got {}",
+                self.max_request_bytes
+            ));
+        }
+        if self.fetch_max_bytes < 1024 {
+            return bad(format!(
+                "fetch_max_bytes must be at least 1024, got {}",
+                self.fetch_max_bytes
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Parses `1=host:port,2=host:port`.
 pub fn parse_peers(text: &str) -> Result<BTreeMap<NodeId, String>, ConfigLoadError> {
     let mut peers = BTreeMap::new();

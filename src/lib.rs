@@ -10,6 +10,7 @@
 //! - [`cli`]: the command-line tools.
 
 pub mod api;
+pub mod broker;
 pub mod cli;
 pub mod client;
 pub mod config;

@@ -15,10 +15,18 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run controller and broker in one process: the zero-setup single node.
+    Standalone(cli::server_roles::StandaloneArgs),
+    /// Run a broker: stores partitions, serves produce and fetch.
+    Broker(cli::server_roles::BrokerArgs),
     /// Run a member of the metadata controller quorum (Raft).
     Controller(cli::controller::ControllerArgs),
     /// Create, list, describe, alter and delete topics.
     Topics(cli::topics::TopicsArgs),
+    /// Produce records from stdin, one per line.
+    Produce(cli::produce::ProduceArgs),
+    /// Print records of a topic.
+    Consume(cli::consume::ConsumeArgs),
     /// Describe the controller quorum and the brokers.
     Cluster(cli::cluster::ClusterArgs),
     /// Decode segment files (.log, .index, .timeindex), like kafka-dump-log.sh.
@@ -36,8 +44,12 @@ fn main() -> ExitCode {
         .init();
     let args = Cli::parse();
     let result = match &args.command {
+        Command::Standalone(a) => cli::server_roles::run_standalone(a),
+        Command::Broker(a) => cli::server_roles::run_broker(a),
         Command::Controller(a) => cli::controller::run(a),
         Command::Topics(a) => cli::topics::run(a),
+        Command::Produce(a) => cli::produce::run(a),
+        Command::Consume(a) => cli::consume::run(a),
         Command::Cluster(a) => cli::cluster::run(a),
         Command::DumpLog(a) => cli::dump_log::run(a),
     };

@@ -2,6 +2,8 @@
 //! [`crate::controller`] (and, later, the broker) and translate results.
 
 pub mod admin_service;
+pub mod broker_admin_service;
+pub mod broker_service;
 pub mod controller_service;
 pub mod convert;
 pub mod forward;

@@ -29,7 +29,7 @@ fn decode<T: DeserializeOwned>(request: Request<RaftPayload>) -> Result<T, Statu
 
 fn encode<T: Serialize>(value: &T) -> Result<Response<RaftPayload>, Status> {
     serde_json::to_vec(value)
-        .map(|json| Response::new(RaftPayload { json }))
+        .map(|json| Response::new(RaftPayload { json: json.into() }))
         .map_err(|e| Status::internal(format!("unencodable raft response: {e}")))
 }
 

@@ -3,8 +3,11 @@
 
 pub mod client_args;
 pub mod cluster;
+pub mod consume;
 pub mod controller;
 pub mod dump_log;
+pub mod produce;
+pub mod server_roles;
 pub mod topics;
 
 use std::fmt;

@@ -55,6 +55,19 @@ impl AdminClient {
             .await
     }
 
+    /// Creates a topic from a full request (validate-only included).
+    pub async fn create_topic_request(
+        &self,
+        request: CreateTopicRequest,
+    ) -> Result<CreateTopicResponse, ClientError> {
+        self.connection
+            .call_retrying("create topic", retriable, |c| {
+                let r = request.clone();
+                async move { Grpc::new(c).create_topic(r).await }
+            })
+            .await
+    }
+
     /// Lists topics.
     pub async fn list_topics(&self) -> Result<ListTopicsResponse, ClientError> {
         self.connection

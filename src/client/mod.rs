@@ -1,13 +1,20 @@
 //! The Rust client: the CLI uses only this.
 //!
 //! - [`admin`]: topics and cluster state;
+//! - [`producer`], [`partitioner`]: batching producer and Kafka-compatible partitioning;
+//! - [`consumer`]: manual assignment, seek and poll;
+//! - [`cluster`]: partition leaders from the Metadata RPC;
 //! - [`controller`]: the broker's side of the broker lifecycle API;
 //! - [`connection`]: bootstrap lists, channels, and the shared retry loop.
 
 pub mod admin;
+pub mod cluster;
 pub mod connection;
+pub mod consumer;
 pub mod controller;
 pub mod error;
+pub mod partitioner;
+pub mod producer;
 
 pub use admin::AdminClient;
 pub use error::ClientError;

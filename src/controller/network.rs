@@ -79,7 +79,7 @@ impl PeerConnection {
         };
         let json =
             serde_json::to_vec(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let mut req = tonic::Request::new(RaftPayload { json });
+        let mut req = tonic::Request::new(RaftPayload { json: json.into() });
         req.set_timeout(option.hard_ttl());
         let response = match method {
             Method::AppendEntries => client.append_entries(req).await,

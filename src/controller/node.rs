@@ -122,6 +122,9 @@ pub struct ControllerNode {
     write_timeout: Duration,
     /// Leader-side: when each broker was last heard from.
     heartbeats: Mutex<HashMap<BrokerId, Instant>>,
+    /// Leader-side: brokers that registered or heartbeated since this node became leader
+    /// (the others only have the grace session a new leader gives).
+    heard: Mutex<std::collections::HashSet<BrokerId>>,
     /// Leader-side: placements proposed but not yet applied, counted by placement.
     pending_placements: Mutex<Vec<(u64, Vec<Vec<BrokerId>>)>>,
     next_pending_id: Mutex<u64>,
@@ -244,6 +247,7 @@ impl ControllerNode {
             session_timeout: Duration::from_millis(config.broker_session_timeout_ms),
             write_timeout: Duration::from_millis(config.write_timeout_ms),
             heartbeats: Mutex::new(HashMap::new()),
+            heard: Mutex::new(Default::default()),
             pending_placements: Mutex::new(Vec::new()),
             next_pending_id: Mutex::new(0),
             data_dir: config.data_dir.clone(),
@@ -558,11 +562,17 @@ impl ControllerNode {
         if let Some(b) = &existing {
             if b.incarnation_id == incarnation_id {
                 self.heartbeats.lock().insert(id, Instant::now());
+                self.heard.lock().insert(id);
                 let (cluster_id, version) = self.cluster_id_and_version();
                 return Ok((b.epoch, cluster_id, version));
             }
             let age = self.heartbeats.lock().get(&id).map(|t| t.elapsed());
-            if b.state != BrokerState::Fenced && age.is_some_and(|a| a < self.session_timeout) {
+            // Only a heartbeat this leader received proves the old process alive.
+            let heard = self.heard.lock().contains(&id);
+            if b.state != BrokerState::Fenced
+                && heard
+                && age.is_some_and(|a| a < self.session_timeout)
+            {
                 return Err(ControllerError::rejected(
                     ErrorCode::DuplicateBrokerRegistration,
                     format!(
@@ -589,6 +599,7 @@ impl ControllerNode {
             ));
         };
         self.heartbeats.lock().insert(id, Instant::now());
+        self.heard.lock().insert(id);
         let (cluster_id, version) = self.cluster_id_and_version();
         tracing::info!(broker_id = %id, epoch, "broker registered");
         Ok((epoch, cluster_id, version))
@@ -632,6 +643,7 @@ impl ControllerNode {
                 Some(b) => Ok(b.state),
             })?;
         self.heartbeats.lock().insert(hb.broker_id, Instant::now());
+        self.heard.lock().insert(hb.broker_id);
         let (id, epoch) = (hb.broker_id, hb.broker_epoch);
         let mut state = state;
         let mut should_shut_down = false;
@@ -754,6 +766,7 @@ impl ControllerNode {
                 let mut hb = self.heartbeats.lock();
                 hb.clear();
                 hb.extend(ids.into_iter().map(|id| (id, now)));
+                self.heard.lock().clear();
                 tracing::info!(
                     node_id = self.id,
                     term,

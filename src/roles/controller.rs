@@ -12,7 +12,6 @@ use crate::api::forward::PeerChannels;
 use crate::api::proto::admin_server::AdminServer;
 use crate::api::proto::controller_server::ControllerServer;
 use crate::api::proto::raft_server::RaftServer;
-use crate::api::proto::FILE_DESCRIPTOR_SET;
 use crate::api::raft_service::RaftService;
 use crate::config::ControllerConfig;
 use crate::controller::ControllerNode;
@@ -61,14 +60,7 @@ pub async fn serve(
     health
         .set_serving::<AdminServer<ControllerAdminService>>()
         .await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| RoleError::Listen {
-            what: "reflection service for",
-            address: node.peers().get(&node.id()).cloned().unwrap_or_default(),
-            source: std::io::Error::other(e.to_string()),
-        })?;
+    let reflection = super::broker::reflection_service()?;
     tonic::transport::Server::builder()
         .add_service(
             RaftServer::new(RaftService::new(node.clone()))

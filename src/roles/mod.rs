@@ -1,11 +1,13 @@
-//! The long-running roles (`controller`; `broker` and `standalone` come with the broker):
+//! The long-running roles (`controller`, `broker`, `standalone`):
 //! wiring of configuration, node, gRPC server, background tasks and shutdown.
 //!
 //! Every role binds its listener first (so a taken port fails at once), prints
 //! `tidelog <role> ready on <ADDR>` on stdout when it serves, and stops cleanly on SIGTERM
 //! or Ctrl-C: it stops accepting requests, cancels its background tasks and waits for them.
 
+pub mod broker;
 pub mod controller;
+pub mod standalone;
 
 use std::net::SocketAddr;
 
@@ -29,6 +31,9 @@ pub enum RoleError {
         #[source]
         source: std::io::Error,
     },
+    /// The broker could not register with the controllers or load metadata.
+    #[error("{0}")]
+    Register(String),
     /// The gRPC server failed.
     #[error("gRPC server: {0}")]
     Serve(#[from] tonic::transport::Error),

@@ -1,0 +1,445 @@
+//! The public `tidelog.v1.Broker` service: produce, fetch, list offsets and metadata.
+//! Records arrive as fields (any language) or as encoded RecordBatch bytes (fast clients);
+//! per-partition failures are reported in the response, each with its error code.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use tonic::{Request, Response, Status};
+
+use super::convert;
+use super::proto::broker_server::Broker;
+use super::proto::{
+    self, BrokerAddress, ConsumedRecord, FetchPartitionResponse, FetchRequest, FetchResponse,
+    FetchTopicResponse, ListOffsetsPartitionResponse, ListOffsetsRequest, ListOffsetsResponse,
+    ListOffsetsTopicResponse, MetadataRequest, MetadataResponse, PartitionProduceResponse,
+    ProduceRequest, ProduceResponse, TopicProduceResponse,
+};
+use super::status::error_status;
+use crate::broker::node::{FetchTarget, OffsetQuery};
+use crate::broker::{BrokerError, BrokerNode};
+use crate::error_code::ErrorCode;
+use crate::partition::MAX_UNCOMPRESSED_BATCH_BYTES;
+use crate::record::{BatchBuilder, Compression, RecordBatch, RecordRef};
+use crate::topic_config::TopicConfig;
+
+/// Default fetch response bound when the request gives none.
+const FETCH_BYTES_DEFAULT: usize = 50 * 1024 * 1024;
+
+/// Serves the Broker service of one broker.
+pub struct BrokerService {
+    node: BrokerNode,
+}
+
+impl BrokerService {
+    /// A service over `node`.
+    pub fn new(node: BrokerNode) -> Self {
+        Self { node }
+    }
+}
+
+fn compression(c: i32) -> Compression {
+    match proto::Compression::try_from(c).unwrap_or(proto::Compression::None) {
+        proto::Compression::None => Compression::None,
+        proto::Compression::Gzip => Compression::Gzip,
+        proto::Compression::Snappy => Compression::Snappy,
+        proto::Compression::Lz4 => Compression::Lz4,
+        proto::Compression::Zstd => Compression::Zstd,
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Encodes the records of one partition as one batch.
+fn encode_records(data: &proto::PartitionProduceData) -> Result<Vec<u8>, BrokerError> {
+    if !data.record_batches.is_empty() {
+        if !data.records.is_empty() {
+            return Err(BrokerError::new(
+                ErrorCode::InvalidRequest,
+                "give either records or record_batches, not both",
+            ));
+        }
+        return Ok(data.record_batches.to_vec());
+    }
+    if data.records.is_empty() {
+        return Err(BrokerError::new(
+            ErrorCode::InvalidRequest,
+            format!("partition {}: no records", data.partition),
+        ));
+    }
+    let now = now_ms();
+    let mut builder = BatchBuilder::new(compression(data.compression));
+    let mut header_buf: Vec<(&str, Option<&[u8]>)> = Vec::new();
+    for r in &data.records {
+        header_buf.clear();
+        header_buf.extend(
+            r.headers
+                .iter()
+                .map(|h| (h.key.as_str(), h.value.as_deref())),
+        );
+        builder.push(RecordRef {
+            timestamp: r.timestamp_ms.unwrap_or(now),
+            key: r.key.as_deref(),
+            value: r.value.as_deref(),
+            headers: &header_buf,
+        });
+    }
+    builder.build(0).map_err(|e| {
+        BrokerError::new(
+            ErrorCode::InvalidRequest,
+            format!("cannot encode records: {e}"),
+        )
+    })
+}
+
+fn leader_fields(e: &BrokerError) -> (Option<i32>, Option<String>) {
+    match &e.leader {
+        Some((id, addr)) => (Some(id.0), Some(addr.clone())),
+        None => (None, None),
+    }
+}
+
+/// Decodes the records of `batches` at or after `from`.
+fn decode_records(batches: &Bytes, from: u64) -> Result<Vec<ConsumedRecord>, BrokerError> {
+    let mut out = Vec::new();
+    let mut rest: &[u8] = batches;
+    while !rest.is_empty() {
+        let (batch, tail) = RecordBatch::parse(rest).map_err(|e| {
+            BrokerError::new(ErrorCode::CorruptMessage, format!("stored batch: {e}"))
+        })?;
+        rest = tail;
+        if batch.header().is_control() {
+            continue;
+        }
+        for r in batch.records(MAX_UNCOMPRESSED_BATCH_BYTES).map_err(|e| {
+            BrokerError::new(ErrorCode::CorruptMessage, format!("stored batch: {e}"))
+        })? {
+            if (r.offset as u64) < from {
+                continue;
+            }
+            out.push(ConsumedRecord {
+                offset: r.offset,
+                timestamp_ms: r.timestamp,
+                key: r.key,
+                value: r.value,
+                headers: r
+                    .headers
+                    .into_iter()
+                    .map(|h| proto::Header {
+                        key: h.key,
+                        value: h.value,
+                    })
+                    .collect(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+#[tonic::async_trait]
+impl Broker for BrokerService {
+    async fn produce(
+        &self,
+        request: Request<ProduceRequest>,
+    ) -> Result<Response<ProduceResponse>, Status> {
+        let r = request.into_inner();
+        if r.topics.is_empty() {
+            return Err(error_status(
+                ErrorCode::InvalidRequest,
+                "produce request names no topic",
+                None,
+            ));
+        }
+        if !matches!(r.acks, -1..=1) {
+            return Err(error_status(
+                ErrorCode::InvalidRequest,
+                format!("acks must be 0, 1 or -1 (all), got {}", r.acks),
+                None,
+            ));
+        }
+        let mut topics = Vec::with_capacity(r.topics.len());
+        for t in &r.topics {
+            let mut partitions = Vec::with_capacity(t.partitions.len());
+            for p in &t.partitions {
+                let outcome = match encode_records(p) {
+                    Ok(bytes) => self.produce_one(&t.topic, p.partition, bytes, r.acks).await,
+                    Err(e) => Err(e),
+                };
+                partitions.push(match outcome {
+                    Ok((base, start)) => PartitionProduceResponse {
+                        partition: p.partition,
+                        base_offset: base,
+                        log_start_offset: start,
+                        ..Default::default()
+                    },
+                    Err(e) => {
+                        let (leader_id, leader_address) = leader_fields(&e);
+                        PartitionProduceResponse {
+                            partition: p.partition,
+                            error_code: proto::ErrorCode::from_str_name(e.code.as_str())
+                                .unwrap_or(proto::ErrorCode::UnknownServerError)
+                                as i32,
+                            error_message: e.message,
+                            base_offset: -1,
+                            log_start_offset: -1,
+                            leader_id,
+                            leader_address,
+                        }
+                    }
+                });
+            }
+            topics.push(TopicProduceResponse {
+                topic: t.topic.clone(),
+                partitions,
+            });
+        }
+        Ok(Response::new(ProduceResponse { topics }))
+    }
+
+    async fn fetch(
+        &self,
+        request: Request<FetchRequest>,
+    ) -> Result<Response<FetchResponse>, Status> {
+        let r = request.into_inner();
+        let max_bytes = if r.max_bytes == 0 {
+            FETCH_BYTES_DEFAULT
+        } else {
+            r.max_bytes as usize
+        };
+        let mut targets = Vec::new();
+        for t in &r.topics {
+            for p in &t.partitions {
+                if p.fetch_offset < 0 {
+                    return Err(error_status(
+                        ErrorCode::InvalidRequest,
+                        format!(
+                            "{}-{}: fetch_offset must be >= 0, got {}",
+                            t.topic, p.partition, p.fetch_offset
+                        ),
+                        None,
+                    ));
+                }
+                targets.push(FetchTarget {
+                    topic: t.topic.clone(),
+                    partition: p.partition,
+                    offset: p.fetch_offset as u64,
+                    max_bytes: if p.partition_max_bytes == 0 {
+                        max_bytes
+                    } else {
+                        p.partition_max_bytes as usize
+                    },
+                });
+            }
+        }
+        if targets.is_empty() {
+            return Err(error_status(
+                ErrorCode::InvalidRequest,
+                "fetch request names no partition",
+                None,
+            ));
+        }
+        let results = self
+            .node
+            .fetch(
+                targets.clone(),
+                Duration::from_millis(r.max_wait_ms.into()),
+                r.min_bytes as usize,
+                max_bytes,
+            )
+            .await;
+        let mut topics: Vec<FetchTopicResponse> = Vec::new();
+        for (target, result) in targets.into_iter().zip(results) {
+            let response = match result.and_then(|d| {
+                let records = if r.raw_batches {
+                    Vec::new()
+                } else {
+                    decode_records(&d.records, target.offset)?
+                };
+                Ok((d, records))
+            }) {
+                Ok((d, records)) => FetchPartitionResponse {
+                    partition: target.partition,
+                    high_watermark: d.high_watermark.as_i64(),
+                    log_start_offset: d.log_start_offset.as_i64(),
+                    log_end_offset: d.log_end_offset.as_i64(),
+                    record_batches: if r.raw_batches {
+                        d.records
+                    } else {
+                        Bytes::new()
+                    },
+                    records,
+                    ..Default::default()
+                },
+                Err(e) => {
+                    let (leader_id, leader_address) = leader_fields(&e);
+                    FetchPartitionResponse {
+                        partition: target.partition,
+                        error_code: proto::ErrorCode::from_str_name(e.code.as_str())
+                            .unwrap_or(proto::ErrorCode::UnknownServerError)
+                            as i32,
+                        error_message: e.message,
+                        high_watermark: -1,
+                        log_start_offset: -1,
+                        log_end_offset: -1,
+                        leader_id,
+                        leader_address,
+                        ..Default::default()
+                    }
+                }
+            };
+            match topics.iter_mut().find(|t| t.topic == target.topic) {
+                Some(t) => t.partitions.push(response),
+                None => topics.push(FetchTopicResponse {
+                    topic: target.topic,
+                    partitions: vec![response],
+                }),
+            }
+        }
+        Ok(Response::new(FetchResponse { topics }))
+    }
+
+    async fn list_offsets(
+        &self,
+        request: Request<ListOffsetsRequest>,
+    ) -> Result<Response<ListOffsetsResponse>, Status> {
+        let r = request.into_inner();
+        let mut topics = Vec::new();
+        for t in r.topics {
+            let mut partitions = Vec::new();
+            for p in t.partitions {
+                let query = match p.timestamp_ms {
+                    -2 => OffsetQuery::Earliest,
+                    -1 => OffsetQuery::Latest,
+                    ts if ts >= 0 => OffsetQuery::Timestamp(ts),
+                    ts => {
+                        return Err(error_status(
+                            ErrorCode::InvalidRequest,
+                            format!("timestamp_ms must be -2, -1 or >= 0, got {ts}"),
+                            None,
+                        ))
+                    }
+                };
+                partitions.push(
+                    match self.node.list_offset(&t.topic, p.partition, query).await {
+                        Ok((offset, timestamp_ms)) => ListOffsetsPartitionResponse {
+                            partition: p.partition,
+                            offset,
+                            timestamp_ms,
+                            ..Default::default()
+                        },
+                        Err(e) => {
+                            let (leader_id, leader_address) = leader_fields(&e);
+                            ListOffsetsPartitionResponse {
+                                partition: p.partition,
+                                error_code: proto::ErrorCode::from_str_name(e.code.as_str())
+                                    .unwrap_or(proto::ErrorCode::UnknownServerError)
+                                    as i32,
+                                error_message: e.message,
+                                offset: -1,
+                                timestamp_ms: -1,
+                                leader_id,
+                                leader_address,
+                            }
+                        }
+                    },
+                );
+            }
+            topics.push(ListOffsetsTopicResponse {
+                topic: t.topic,
+                partitions,
+            });
+        }
+        Ok(Response::new(ListOffsetsResponse { topics }))
+    }
+
+    async fn metadata(
+        &self,
+        request: Request<MetadataRequest>,
+    ) -> Result<Response<MetadataResponse>, Status> {
+        let wanted = request.into_inner().topics;
+        let cache = self.node.metadata();
+        let version = cache.version();
+        let response = cache.read(|image| {
+            let brokers = image
+                .unfenced_brokers()
+                .map(|b| BrokerAddress {
+                    id: b.id.0,
+                    address: b.address.clone(),
+                    rack: b.rack.clone(),
+                })
+                .collect();
+            let (topics, unknown_topics) = if wanted.is_empty() {
+                (
+                    image.topics.values().map(convert::topic_to_proto).collect(),
+                    Vec::new(),
+                )
+            } else {
+                let mut found = Vec::new();
+                let mut unknown = Vec::new();
+                for name in &wanted {
+                    match image.topics.get(name) {
+                        Some(t) => found.push(convert::topic_to_proto(t)),
+                        None => unknown.push(name.clone()),
+                    }
+                }
+                (found, unknown)
+            };
+            MetadataResponse {
+                cluster_id: image.cluster_id.clone().unwrap_or_default(),
+                brokers,
+                topics,
+                unknown_topics,
+                metadata_version: version,
+            }
+        });
+        Ok(Response::new(response))
+    }
+}
+
+impl BrokerService {
+    async fn produce_one(
+        &self,
+        topic: &str,
+        partition: u32,
+        bytes: Vec<u8>,
+        acks: i32,
+    ) -> Result<(i64, i64), BrokerError> {
+        let (_, _, isr_len) = self.node.leader_partition(topic, partition)?;
+        if acks == -1 {
+            let min_isr = self
+                .node
+                .metadata()
+                .topic(topic)
+                .and_then(|t| {
+                    TopicConfig::from_pairs(t.config.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+                        .ok()
+                })
+                .map_or(1, |c| c.min_insync_replicas);
+            if isr_len < min_isr as usize {
+                return Err(BrokerError::new(
+                    ErrorCode::NotEnoughReplicas,
+                    format!("{topic}-{partition}: {isr_len} in-sync replicas, min.insync.replicas is {min_isr}"),
+                ));
+            }
+        }
+        if acks == 0 {
+            let node = self.node.clone();
+            let (topic, owned) = (topic.to_owned(), bytes);
+            tokio::spawn(async move {
+                if let Err(e) = node.produce(&topic, partition, owned).await {
+                    tracing::debug!(error = %e, "acks=0 produce failed");
+                }
+            });
+            return Ok((-1, -1));
+        }
+        let produced = self.node.produce(topic, partition, bytes).await?;
+        Ok((
+            produced.base_offset.as_i64(),
+            produced.log_start_offset.as_i64(),
+        ))
+    }
+}

@@ -1,0 +1,217 @@
+//! The broker's side of the broker lifecycle: register with the controllers, heartbeat,
+//! follow metadata by long-poll (opening and deleting partitions to match), and hand
+//! leadership off in a controlled shutdown.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use super::metadata_cache::MetadataCache;
+use super::partition_manager::PartitionManager;
+use crate::api::convert;
+use crate::api::proto::{BrokerHeartbeatRequest, RegisterBrokerRequest};
+use crate::client::controller::ControllerClient;
+use crate::client::ClientError;
+use crate::error_code::ErrorCode;
+use crate::types::BrokerId;
+
+/// How long one metadata long-poll waits for a change.
+const METADATA_POLL_WAIT: Duration = Duration::from_secs(5);
+/// Pause after a failed metadata fetch.
+const METADATA_RETRY: Duration = Duration::from_millis(300);
+
+/// Who this broker is, for registration.
+#[derive(Debug, Clone)]
+pub struct BrokerIdentity {
+    /// Its id.
+    pub id: BrokerId,
+    /// The address clients and peers use.
+    pub address: String,
+    /// Its rack.
+    pub rack: Option<String>,
+}
+
+/// The link between a broker and the controller quorum.
+pub struct ControllerLink {
+    client: ControllerClient,
+    identity: BrokerIdentity,
+    incarnation_id: String,
+    epoch: AtomicU64,
+    fenced: AtomicBool,
+    heartbeat_interval: Duration,
+    metadata: Arc<MetadataCache>,
+    partitions: Arc<PartitionManager>,
+}
+
+impl ControllerLink {
+    /// A link through `controllers`.
+    pub fn new(
+        controllers: Vec<String>,
+        identity: BrokerIdentity,
+        heartbeat_interval: Duration,
+        metadata: Arc<MetadataCache>,
+        partitions: Arc<PartitionManager>,
+    ) -> Self {
+        Self {
+            client: ControllerClient::new(controllers, Duration::from_secs(10)),
+            identity,
+            incarnation_id: uuid::Uuid::new_v4().to_string(),
+            epoch: AtomicU64::new(0),
+            fenced: AtomicBool::new(true),
+            heartbeat_interval,
+            metadata,
+            partitions,
+        }
+    }
+
+    /// Whether the controller last answered that this broker is fenced.
+    pub fn is_fenced(&self) -> bool {
+        self.fenced.load(Ordering::SeqCst)
+    }
+
+    /// Registers, retrying until `deadline` (a previous process's session may still run).
+    pub async fn register(&self, deadline: Instant) -> Result<(), ClientError> {
+        loop {
+            let request = RegisterBrokerRequest {
+                broker_id: self.identity.id.0,
+                address: self.identity.address.clone(),
+                rack: self.identity.rack.clone(),
+                incarnation_id: self.incarnation_id.clone(),
+            };
+            match self.client.register_broker(request).await {
+                Ok(r) => {
+                    self.epoch.store(r.broker_epoch, Ordering::SeqCst);
+                    tracing::info!(broker_id = %self.identity.id, epoch = r.broker_epoch, cluster_id = %r.cluster_id, "registered with the controllers");
+                    return Ok(());
+                }
+                Err(e)
+                    if e.code == ErrorCode::DuplicateBrokerRegistration
+                        && Instant::now() < deadline =>
+                {
+                    tracing::info!(error = %e.message, "waiting for the previous process's session to expire");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(e) if e.is_retriable() && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Fetches metadata once (waiting up to `wait` for a change) and applies it.
+    pub async fn poll_metadata(&self, wait: Duration) -> Result<(), ClientError> {
+        let since = self.metadata.version();
+        let response = self.client.fetch_metadata(since, wait).await?;
+        if let Some(image) = &response.image {
+            self.metadata
+                .replace(convert::image_from_proto(image), response.version);
+        } else if response.version > since || !response.changes.is_empty() {
+            let changes = response
+                .changes
+                .iter()
+                .filter_map(convert::change_from_proto)
+                .collect();
+            self.metadata.apply(changes, response.version);
+        } else {
+            return Ok(());
+        }
+        self.reconcile().await;
+        Ok(())
+    }
+
+    /// Opens and deletes partitions to match the metadata.
+    pub async fn reconcile(&self) {
+        let metadata = self.metadata.clone();
+        let partitions = self.partitions.clone();
+        let failures =
+            tokio::task::spawn_blocking(move || metadata.read(|image| partitions.reconcile(image)))
+                .await
+                .unwrap_or_default();
+        for (partition, e) in failures {
+            tracing::error!(%partition, error = %e, "cannot open partition");
+        }
+    }
+
+    async fn heartbeat(&self, want_shut_down: bool) -> Result<bool, ClientError> {
+        let request = BrokerHeartbeatRequest {
+            broker_id: self.identity.id.0,
+            broker_epoch: self.epoch.load(Ordering::SeqCst),
+            metadata_version: self.metadata.version(),
+            want_fence: false,
+            want_shut_down,
+        };
+        match self.client.heartbeat(request).await {
+            Ok(r) => {
+                if self.fenced.swap(r.fenced, Ordering::SeqCst) != r.fenced {
+                    tracing::info!(fenced = r.fenced, "broker fencing state changed");
+                }
+                Ok(r.should_shut_down)
+            }
+            Err(e)
+                if matches!(
+                    e.code,
+                    ErrorCode::StaleBrokerEpoch | ErrorCode::BrokerNotRegistered
+                ) =>
+            {
+                tracing::warn!(error = %e, "registration lost; registering again");
+                self.fenced.store(true, Ordering::SeqCst);
+                self.register(Instant::now() + Duration::from_secs(60))
+                    .await?;
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Heartbeats until `cancel`.
+    pub async fn run_heartbeats(self: Arc<Self>, cancel: CancellationToken) {
+        loop {
+            if let Err(e) = self.heartbeat(false).await {
+                tracing::warn!(error = %e, "heartbeat failed");
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(self.heartbeat_interval) => {}
+            }
+        }
+    }
+
+    /// Follows metadata until `cancel`.
+    pub async fn run_metadata(self: Arc<Self>, cancel: CancellationToken) {
+        loop {
+            let poll = self.poll_metadata(METADATA_POLL_WAIT);
+            let result = tokio::select! {
+                _ = cancel.cancelled() => return,
+                r = poll => r,
+            };
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "metadata fetch failed");
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep(METADATA_RETRY) => {}
+                }
+            }
+        }
+    }
+
+    /// Asks the controllers to move this broker's leaderships away; returns once they
+    /// agree (or after `timeout`).
+    pub async fn controlled_shutdown(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            match self.heartbeat(true).await {
+                Ok(true) => {
+                    tracing::info!("controlled shutdown granted: leaderships moved");
+                    return;
+                }
+                Ok(false) => {}
+                Err(e) => tracing::warn!(error = %e, "controlled shutdown heartbeat failed"),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        tracing::warn!("controlled shutdown not confirmed in time; stopping anyway");
+    }
+}

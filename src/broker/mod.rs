@@ -1,0 +1,17 @@
+//! The broker role: the partitions it stores, the metadata it follows, and the handling of
+//! produce, fetch and list-offsets requests (no gRPC types in the request path; the link to
+//! the controllers uses the Rust client).
+//!
+//! - [`metadata_cache`]: the broker's copy of the cluster metadata;
+//! - [`partition_manager`]: opens, creates and deletes partition logs to match it;
+//! - [`node`]: request handling;
+//! - [`controller_link`]: registration, heartbeats, metadata long-poll, controlled shutdown.
+
+pub mod controller_link;
+pub mod error;
+pub mod metadata_cache;
+pub mod node;
+pub mod partition_manager;
+
+pub use error::BrokerError;
+pub use node::BrokerNode;

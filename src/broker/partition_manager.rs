@@ -1,0 +1,267 @@
+//! The partitions this broker stores: opened, created and deleted to match the metadata.
+//!
+//! Each partition lives in `<data-dir>/<topic>-<partition>/`, with a `partition.metadata`
+//! file naming the topic id, so a topic deleted and created again under the same name never
+//! inherits the old data. Directories of topics that no longer exist are deleted (renamed
+//! `*.deleted` first, then removed). All methods do blocking file I/O: call them off the
+//! async runtime.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use tokio::sync::watch;
+
+use crate::controller::model::MetadataImage;
+use crate::partition::{Clock, LogError, PartitionLog, SystemClock};
+use crate::topic_config::TopicConfig;
+use crate::types::{BrokerId, Offset};
+
+const TOPIC_ID_FILE: &str = "partition.metadata";
+
+/// One partition stored here.
+pub struct LocalPartition {
+    /// The topic's name.
+    pub topic: String,
+    /// The topic's id.
+    pub topic_id: String,
+    /// The partition number.
+    pub partition: u32,
+    /// Its log.
+    pub log: PartitionLog,
+}
+
+impl LocalPartition {
+    /// `topic-partition`, for messages.
+    pub fn name(&self) -> String {
+        format!("{}-{}", self.topic, self.partition)
+    }
+}
+
+/// Partitions by (topic, partition).
+pub struct PartitionManager {
+    data_dir: PathBuf,
+    broker_id: BrokerId,
+    clock: Arc<dyn Clock>,
+    partitions: RwLock<HashMap<(String, u32), Arc<LocalPartition>>>,
+    /// Bumped after every append, so fetches waiting for data wake up.
+    appended: watch::Sender<u64>,
+}
+
+fn parse_dir_name(name: &str) -> Option<(&str, u32)> {
+    let (topic, partition) = name.rsplit_once('-')?;
+    Some((topic, partition.parse().ok()?))
+}
+
+impl PartitionManager {
+    /// A manager for partitions under `data_dir`.
+    pub fn new(data_dir: &Path, broker_id: BrokerId) -> Self {
+        Self {
+            data_dir: data_dir.to_owned(),
+            broker_id,
+            clock: Arc::new(SystemClock),
+            partitions: RwLock::new(HashMap::new()),
+            appended: watch::channel(0).0,
+        }
+    }
+
+    /// The partition, if stored here.
+    pub fn get(&self, topic: &str, partition: u32) -> Option<Arc<LocalPartition>> {
+        self.partitions
+            .read()
+            .get(&(topic.to_owned(), partition))
+            .cloned()
+    }
+
+    /// Every partition stored here.
+    pub fn all(&self) -> Vec<Arc<LocalPartition>> {
+        self.partitions.read().values().cloned().collect()
+    }
+
+    /// Wakes fetches waiting for data.
+    pub fn notify_appended(&self) {
+        self.appended.send_modify(|v| *v += 1);
+    }
+
+    /// A receiver that changes after every append.
+    pub fn subscribe_appends(&self) -> watch::Receiver<u64> {
+        self.appended.subscribe()
+    }
+
+    /// Opens what `image` assigns to this broker and deletes what it no longer holds.
+    /// Returns the partitions that failed to open, with why.
+    pub fn reconcile(&self, image: &MetadataImage) -> Vec<(String, LogError)> {
+        let mut failures = Vec::new();
+        let mut wanted: HashMap<(String, u32), (String, TopicConfig)> = HashMap::new();
+        for t in image.topics.values() {
+            let config =
+                TopicConfig::from_pairs(t.config.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+                    .unwrap_or_default();
+            for p in &t.partitions {
+                if p.replicas.contains(&self.broker_id) {
+                    wanted.insert(
+                        (t.name.clone(), p.partition),
+                        (t.id.clone(), config.clone()),
+                    );
+                }
+            }
+        }
+        // Close and delete partitions no longer assigned here (or of a re-created topic).
+        let stale: Vec<Arc<LocalPartition>> = self
+            .partitions
+            .read()
+            .values()
+            .filter(|lp| {
+                wanted
+                    .get(&(lp.topic.clone(), lp.partition))
+                    .is_none_or(|(id, _)| *id != lp.topic_id)
+            })
+            .cloned()
+            .collect();
+        for lp in stale {
+            self.partitions
+                .write()
+                .remove(&(lp.topic.clone(), lp.partition));
+            tracing::info!(partition = %lp.name(), "deleting partition: no longer assigned to this broker");
+            let dir = lp.log.dir().to_owned();
+            drop(lp);
+            delete_dir(&dir);
+        }
+        for ((topic, partition), (topic_id, config)) in wanted {
+            if let Some(lp) = self.get(&topic, partition) {
+                if lp.log.config() != config {
+                    lp.log.update_config(config);
+                }
+                continue;
+            }
+            match self.open(&topic, partition, &topic_id, config) {
+                Ok(lp) => {
+                    self.partitions
+                        .write()
+                        .insert((topic.clone(), partition), Arc::new(lp));
+                }
+                Err(e) => failures.push((format!("{topic}-{partition}"), e)),
+            }
+        }
+        if image.cluster_id.is_some() {
+            self.delete_strays(image);
+        }
+        failures
+    }
+
+    fn open(
+        &self,
+        topic: &str,
+        partition: u32,
+        topic_id: &str,
+        config: TopicConfig,
+    ) -> Result<LocalPartition, LogError> {
+        let dir = self.data_dir.join(format!("{topic}-{partition}"));
+        let id_file = dir.join(TOPIC_ID_FILE);
+        if let Ok(stored) = std::fs::read_to_string(&id_file) {
+            if stored.trim() != topic_id {
+                tracing::info!(dir = %dir.display(), "deleting the data of an earlier topic with this name");
+                delete_dir(&dir);
+            }
+        }
+        let log = PartitionLog::open(&dir, config, self.clock.clone())?;
+        if !id_file.exists() {
+            crate::controller::log_store::write_atomically(
+                &id_file,
+                format!("{topic_id}\n").as_bytes(),
+            )
+            .map_err(|source| LogError::Io {
+                path: id_file.clone(),
+                source,
+            })?;
+        }
+        tracing::info!(partition = %format!("{topic}-{partition}"), log_end_offset = log.log_end_offset().0, "partition opened");
+        Ok(LocalPartition {
+            topic: topic.to_owned(),
+            topic_id: topic_id.to_owned(),
+            partition,
+            log,
+        })
+    }
+
+    /// Deletes partition directories whose topic no longer exists.
+    fn delete_strays(&self, image: &MetadataImage) {
+        let Ok(entries) = std::fs::read_dir(&self.data_dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            if name.ends_with(".deleted") {
+                delete_dir(&path);
+                continue;
+            }
+            let Some((topic, partition)) = parse_dir_name(name) else {
+                continue;
+            };
+            if !path.join(TOPIC_ID_FILE).exists() || self.get(topic, partition).is_some() {
+                continue;
+            }
+            let assigned = image.topics.get(topic).is_some_and(|t| {
+                t.partitions
+                    .get(partition as usize)
+                    .is_some_and(|p| p.replicas.contains(&self.broker_id))
+            });
+            if !assigned {
+                tracing::info!(dir = %path.display(), "deleting the directory of a deleted topic");
+                delete_dir(&path);
+            }
+        }
+    }
+
+    /// For single-replica partitions this broker leads, the high watermark is the log end.
+    pub fn advance_single_replica_high_watermark(&self, lp: &LocalPartition) -> Offset {
+        lp.log.set_high_watermark(lp.log.log_end_offset())
+    }
+
+    /// Closes every partition cleanly (flush, checkpoints, clean-shutdown marker).
+    pub fn close_all(&self) {
+        let all: Vec<Arc<LocalPartition>> =
+            self.partitions.write().drain().map(|(_, v)| v).collect();
+        for lp in all {
+            let name = lp.name();
+            match Arc::try_unwrap(lp) {
+                Ok(lp) => {
+                    if let Err(e) = lp.log.close() {
+                        tracing::error!(partition = %name, error = %e, "clean close failed");
+                    }
+                }
+                Err(lp) => {
+                    // Still referenced by a request: flush what we can.
+                    let _ = lp.log.flush();
+                    let _ = lp.log.checkpoint();
+                }
+            }
+        }
+    }
+}
+
+fn delete_dir(dir: &Path) {
+    let doomed = if dir.extension().is_some_and(|e| e == "deleted") {
+        dir.to_owned()
+    } else {
+        let target = dir.with_file_name(format!(
+            "{}.{}.deleted",
+            dir.file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("partition"),
+            uuid::Uuid::new_v4().simple()
+        ));
+        if std::fs::rename(dir, &target).is_err() {
+            dir.to_owned()
+        } else {
+            target
+        }
+    };
+    if let Err(e) = std::fs::remove_dir_all(&doomed) {
+        tracing::warn!(dir = %doomed.display(), error = %e, "could not delete a partition directory");
+    }
+}

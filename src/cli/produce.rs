@@ -1,0 +1,160 @@
+//! `tidelog produce`: one record per stdin line, like `kafka-console-producer.sh`. Exits 0
+//! only when every record was acknowledged (with acks 0: sent).
+
+use std::io::BufRead;
+
+use bytes::Bytes;
+use serde_json::json;
+
+use super::client_args::{block_on, parse_pairs, ClientArgs};
+use super::{CliError, OutputFormat};
+use crate::client::producer::{Producer, ProducerConfig, ProducerRecord};
+
+/// Flags of `tidelog produce`.
+#[derive(Debug, clap::Args)]
+pub struct ProduceArgs {
+    /// The topic.
+    #[arg(long)]
+    topic: String,
+    /// Send every record to this partition (default: by key, else sticky).
+    #[arg(long)]
+    partition: Option<u32>,
+    /// The key of every record.
+    #[arg(long, conflicts_with = "parse_key")]
+    key: Option<String>,
+    /// Split each line into key and value at --key-separator.
+    #[arg(long)]
+    parse_key: bool,
+    /// Separator between key and value with --parse-key.
+    #[arg(long, default_value = "\t")]
+    key_separator: String,
+    /// 0, 1 or all.
+    #[arg(long, default_value = "all")]
+    acks: String,
+    /// A header for every record as key=value (repeatable).
+    #[arg(long = "header")]
+    headers: Vec<String>,
+    /// How long a record may take to be acknowledged, retries included (ms).
+    #[arg(long, default_value_t = 120_000)]
+    timeout_ms: u64,
+    /// Bytes per partition batch.
+    #[arg(long, default_value_t = 16_384)]
+    batch_size: usize,
+    /// How long a batch waits for more records (ms).
+    #[arg(long, default_value_t = 5)]
+    linger_ms: u64,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+/// Parses `--acks`.
+pub fn parse_acks(acks: &str) -> Result<i32, CliError> {
+    match acks {
+        "0" => Ok(0),
+        "1" => Ok(1),
+        "all" | "-1" => Ok(-1),
+        other => Err(CliError::new(
+            "INVALID_REQUEST",
+            format!("--acks must be 0, 1 or all, got '{other}'"),
+        )),
+    }
+}
+
+/// Runs `tidelog produce`.
+pub fn run(args: &ProduceArgs) -> Result<(), CliError> {
+    let acks = parse_acks(&args.acks)?;
+    let headers: Vec<(String, Option<Bytes>)> = parse_pairs("--header", &args.headers)?
+        .into_iter()
+        .map(|(k, v)| (k, Some(Bytes::from(v))))
+        .collect();
+    let config = ProducerConfig {
+        acks,
+        batch_size: args.batch_size,
+        linger: std::time::Duration::from_millis(args.linger_ms),
+        delivery_timeout: std::time::Duration::from_millis(args.timeout_ms),
+        ..Default::default()
+    };
+    let bootstrap = args.client.addresses()?;
+    let output = args.client.output;
+    block_on(async move {
+        let producer = Producer::new(bootstrap, config);
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<String, std::io::Error>>(1024);
+        std::thread::spawn(move || {
+            for line in std::io::stdin().lock().lines() {
+                if tx.blocking_send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut pending = std::collections::VecDeque::new();
+        let mut failed: Option<CliError> = None;
+        let mut acknowledged = 0u64;
+        let report = |r: Result<
+            crate::client::producer::RecordMetadata,
+            crate::client::ClientError,
+        >,
+                      failed: &mut Option<CliError>,
+                      acknowledged: &mut u64| match r {
+            Ok(m) => {
+                *acknowledged += 1;
+                if output == OutputFormat::Json {
+                    println!(
+                        "{}",
+                        json!({"topic": args.topic, "partition": m.partition, "offset": m.offset})
+                    );
+                }
+            }
+            Err(e) => {
+                if failed.is_none() {
+                    *failed = Some(e.into());
+                }
+            }
+        };
+        while let Some(line) = rx.recv().await {
+            let line = line.map_err(|e| CliError::new("INVALID_REQUEST", format!("stdin: {e}")))?;
+            let (key, value) = if args.parse_key {
+                match line.split_once(args.key_separator.as_str()) {
+                    Some((k, v)) => (Some(k.to_owned()), v.to_owned()),
+                    None => {
+                        return Err(CliError::new(
+                            "INVALID_REQUEST",
+                            format!(
+                                "line {:?} has no key separator {:?}",
+                                line, args.key_separator
+                            ),
+                        ))
+                    }
+                }
+            } else {
+                (args.key.clone(), line)
+            };
+            let record = ProducerRecord {
+                topic: args.topic.clone(),
+                partition: args.partition,
+                key: key.map(Bytes::from),
+                value: Some(Bytes::from(value)),
+                headers: headers.clone(),
+                timestamp_ms: None,
+            };
+            pending.push_back(producer.send(record).await);
+            // Report in order, without holding more than a window of futures.
+            while pending.len() > 10_000 {
+                let r = pending.pop_front().expect("non-empty").await;
+                report(r, &mut failed, &mut acknowledged);
+            }
+        }
+        producer.flush().await;
+        while let Some(f) = pending.pop_front() {
+            report(f.await, &mut failed, &mut acknowledged);
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => {
+                if output == OutputFormat::Table {
+                    eprintln!("{acknowledged} records acknowledged");
+                }
+                Ok(())
+            }
+        }
+    })?
+}

@@ -1,0 +1,95 @@
+//! `tidelog broker` and `tidelog standalone`: flags of the broker roles.
+
+use std::path::PathBuf;
+
+use super::client_args::block_on;
+use super::CliError;
+use crate::config::{self, BrokerConfig, ControllerConfig};
+
+/// Flags of `tidelog broker`; each overrides the config file and `TIDELOG_*` variables.
+#[derive(Debug, clap::Args)]
+pub struct BrokerArgs {
+    /// This broker's id (>= 0).
+    #[arg(long)]
+    pub broker_id: Option<i32>,
+    /// Address to serve gRPC on (default 127.0.0.1:9292).
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Controller addresses, comma-separated (default 127.0.0.1:9293).
+    #[arg(long)]
+    pub controllers: Option<String>,
+    /// Where partitions live (default ./tidelog-data).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// This broker's rack, for rack-aware placement.
+    #[arg(long)]
+    pub rack: Option<String>,
+    /// A TOML file of settings (see config/tidelog.toml).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+/// Flags of `tidelog standalone`.
+#[derive(Debug, clap::Args)]
+pub struct StandaloneArgs {
+    /// Where metadata and partitions live (default ./tidelog-data).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Address to serve gRPC on (default 127.0.0.1:9292).
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// A TOML file of settings (see config/tidelog.toml).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+fn load<T: serde::Serialize + serde::de::DeserializeOwned + Default>(
+    file: Option<&std::path::Path>,
+    flags: &[(&str, Option<String>)],
+) -> Result<T, CliError> {
+    config::load(file, flags).map_err(|e| CliError::new("INVALID_CONFIG", e.0))
+}
+
+/// Runs the broker role until SIGTERM or Ctrl-C.
+pub fn run_broker(args: &BrokerArgs) -> Result<(), CliError> {
+    let config: BrokerConfig = load(
+        args.config.as_deref(),
+        &[
+            ("broker_id", args.broker_id.map(|v| v.to_string())),
+            ("listen", args.listen.clone()),
+            ("controllers", args.controllers.clone()),
+            (
+                "data_dir",
+                args.data_dir.as_ref().map(|d| d.display().to_string()),
+            ),
+            ("rack", args.rack.clone()),
+        ],
+    )?;
+    config
+        .validate()
+        .map_err(|e| CliError::new("INVALID_CONFIG", e.0))?;
+    block_on(crate::roles::broker::run(config))?
+        .map_err(|e| CliError::new("STARTUP_FAILED", e.to_string()))
+}
+
+/// Runs controller and broker in one process until SIGTERM or Ctrl-C.
+pub fn run_standalone(args: &StandaloneArgs) -> Result<(), CliError> {
+    let flags = [
+        (
+            "listen",
+            args.listen.clone().or(Some("127.0.0.1:9292".to_owned())),
+        ),
+        (
+            "data_dir",
+            args.data_dir.as_ref().map(|d| d.display().to_string()),
+        ),
+    ];
+    let broker: BrokerConfig = load(args.config.as_deref(), &flags)?;
+    let mut controller: ControllerConfig = load(args.config.as_deref(), &flags)?;
+    controller.peers = format!("1={}", broker.listen);
+    broker
+        .validate()
+        .map_err(|e| CliError::new("INVALID_CONFIG", e.0))?;
+    block_on(crate::roles::standalone::run(controller, broker))?
+        .map_err(|e| CliError::new("STARTUP_FAILED", e.to_string()))
+}

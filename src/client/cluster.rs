@@ -1,0 +1,112 @@
+//! The client's view of the cluster: which broker leads each partition, fetched from any
+//! bootstrap broker with the Metadata RPC and refreshed on NOT_LEADER_OR_FOLLOWER.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use parking_lot::RwLock;
+
+use super::connection::Connection;
+use super::error::ClientError;
+use crate::api::proto::broker_client::BrokerClient;
+use crate::api::proto::MetadataRequest;
+use crate::error_code::ErrorCode;
+
+/// A topic's partitions and their leaders' addresses (None: no leader now).
+#[derive(Debug, Clone)]
+pub struct TopicRoute {
+    /// Leader address per partition.
+    pub leaders: Vec<Option<String>>,
+}
+
+/// Routes to partition leaders.
+pub struct Cluster {
+    connection: Connection,
+    routes: RwLock<HashMap<String, TopicRoute>>,
+}
+
+impl Cluster {
+    /// A view of the cluster at `bootstrap`.
+    pub fn new(bootstrap: Vec<String>, timeout: Duration) -> Self {
+        Self {
+            connection: Connection::new(bootstrap, timeout),
+            routes: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// The connection (channels are shared by every client on it).
+    pub fn connection(&self) -> &Connection {
+        &self.connection
+    }
+
+    /// Fetches fresh routes for `topic`.
+    pub async fn refresh(&self, topic: &str) -> Result<TopicRoute, ClientError> {
+        let request = MetadataRequest {
+            topics: vec![topic.to_owned()],
+        };
+        let response = self
+            .connection
+            .call("metadata", |c| {
+                let r = request.clone();
+                async move { BrokerClient::new(c).metadata(r).await }
+            })
+            .await?;
+        let Some(t) = response.topics.into_iter().find(|t| t.name == topic) else {
+            return Err(ClientError::new(
+                ErrorCode::UnknownTopicOrPartition,
+                format!("topic '{topic}' does not exist"),
+            ));
+        };
+        let addresses: HashMap<i32, String> = response
+            .brokers
+            .into_iter()
+            .map(|b| (b.id, b.address))
+            .collect();
+        let route = TopicRoute {
+            leaders: t
+                .partitions
+                .iter()
+                .map(|p| p.leader.and_then(|l| addresses.get(&l).cloned()))
+                .collect(),
+        };
+        self.routes.write().insert(topic.to_owned(), route.clone());
+        Ok(route)
+    }
+
+    /// Cached routes for `topic`, fetched on first use.
+    pub async fn route(&self, topic: &str) -> Result<TopicRoute, ClientError> {
+        if let Some(r) = self.routes.read().get(topic).cloned() {
+            return Ok(r);
+        }
+        self.refresh(topic).await
+    }
+
+    /// The leader of one partition (refreshing once when unknown).
+    pub async fn leader(&self, topic: &str, partition: u32) -> Result<String, ClientError> {
+        let route = self.route(topic).await?;
+        let count = route.leaders.len() as u32;
+        if partition >= count {
+            return Err(ClientError::new(
+                ErrorCode::UnknownTopicOrPartition,
+                format!(
+                    "topic '{topic}' has {count} partitions; there is no partition {partition}"
+                ),
+            ));
+        }
+        if let Some(Some(addr)) = route.leaders.get(partition as usize) {
+            return Ok(addr.clone());
+        }
+        let route = self.refresh(topic).await?;
+        route
+            .leaders
+            .get(partition as usize)
+            .cloned()
+            .flatten()
+            .ok_or_else(|| {
+                ClientError::new(
+                    ErrorCode::NotLeaderOrFollower,
+                    format!("{topic}-{partition} has no leader right now"),
+                )
+            })
+    }
+}

@@ -1,0 +1,248 @@
+//! The consumer with manual assignment: assign partitions, seek (earliest, latest, or an
+//! offset), and poll. One fetch per leader broker per poll, all in parallel; a partition
+//! whose leader moved is re-routed after a metadata refresh.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::cluster::Cluster;
+use super::error::ClientError;
+use crate::api::proto::broker_client::BrokerClient;
+use crate::api::proto::{
+    FetchPartition, FetchRequest, FetchTopic, ListOffsetsPartition, ListOffsetsRequest,
+    ListOffsetsTopic,
+};
+use crate::api::status::code_of;
+use crate::error_code::ErrorCode;
+
+/// Where to start reading a partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartAt {
+    /// The log start offset.
+    Earliest,
+    /// The high watermark: only records produced from now on.
+    Latest,
+    /// This offset.
+    Offset(i64),
+}
+
+/// A record read from a partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerRecord {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: u32,
+    /// Offset.
+    pub offset: i64,
+    /// Timestamp (ms).
+    pub timestamp_ms: i64,
+    /// Key (None: null).
+    pub key: Option<Bytes>,
+    /// Value (None: null).
+    pub value: Option<Bytes>,
+    /// Headers.
+    pub headers: Vec<(String, Option<Bytes>)>,
+}
+
+/// A consumer of assigned partitions.
+pub struct Consumer {
+    cluster: Cluster,
+    positions: BTreeMap<(String, u32), i64>,
+    max_bytes: u32,
+}
+
+fn wire_code(code: i32) -> ErrorCode {
+    crate::api::proto::ErrorCode::try_from(code)
+        .ok()
+        .and_then(|c| c.as_str_name().parse().ok())
+        .unwrap_or(ErrorCode::UnknownServerError)
+}
+
+impl Consumer {
+    /// A consumer for the cluster at `bootstrap`; requests give up after `timeout`.
+    pub fn new(bootstrap: Vec<String>, timeout: Duration) -> Self {
+        Self {
+            cluster: Cluster::new(bootstrap, timeout),
+            positions: BTreeMap::new(),
+            max_bytes: 8 * 1024 * 1024,
+        }
+    }
+
+    /// The number of partitions of `topic`.
+    pub async fn partition_count(&self, topic: &str) -> Result<u32, ClientError> {
+        Ok(self.cluster.refresh(topic).await?.leaders.len() as u32)
+    }
+
+    /// Assigns `partition` of `topic`, starting at `start`.
+    pub async fn assign(
+        &mut self,
+        topic: &str,
+        partition: u32,
+        start: StartAt,
+    ) -> Result<(), ClientError> {
+        let offset = match start {
+            StartAt::Offset(o) => o,
+            StartAt::Earliest => self.list_offset(topic, partition, -2).await?,
+            StartAt::Latest => self.list_offset(topic, partition, -1).await?,
+        };
+        self.positions.insert((topic.to_owned(), partition), offset);
+        Ok(())
+    }
+
+    /// The next offset to read of each assigned partition.
+    pub fn positions(&self) -> &BTreeMap<(String, u32), i64> {
+        &self.positions
+    }
+
+    async fn list_offset(
+        &self,
+        topic: &str,
+        partition: u32,
+        timestamp_ms: i64,
+    ) -> Result<i64, ClientError> {
+        for _ in 0..20 {
+            let leader = self.cluster.leader(topic, partition).await?;
+            let channel = self.cluster.connection().channel(&leader)?;
+            let request = ListOffsetsRequest {
+                topics: vec![ListOffsetsTopic {
+                    topic: topic.to_owned(),
+                    partitions: vec![ListOffsetsPartition {
+                        partition,
+                        timestamp_ms,
+                    }],
+                }],
+            };
+            let response = BrokerClient::new(channel)
+                .list_offsets(request)
+                .await
+                .map_err(|s| ClientError::new(code_of(&s), s.message().to_owned()))?
+                .into_inner();
+            let p = response
+                .topics
+                .first()
+                .and_then(|t| t.partitions.first())
+                .ok_or_else(|| {
+                    ClientError::new(ErrorCode::UnknownServerError, "empty list-offsets response")
+                })?;
+            if p.error_code == 0 {
+                return Ok(p.offset);
+            }
+            let e = ClientError::new(wire_code(p.error_code), p.error_message.clone());
+            if !e.is_retriable() {
+                return Err(e);
+            }
+            self.cluster.refresh(topic).await?;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(ClientError::new(
+            ErrorCode::RequestTimedOut,
+            format!("{topic}-{partition}: no leader answered list-offsets"),
+        ))
+    }
+
+    /// Fetches from every assigned partition, waiting up to `max_wait` for data; advances
+    /// positions past what it returns.
+    pub async fn poll(&mut self, max_wait: Duration) -> Result<Vec<ConsumerRecord>, ClientError> {
+        let mut by_leader: BTreeMap<String, Vec<(String, u32, i64)>> = BTreeMap::new();
+        for ((topic, partition), offset) in &self.positions {
+            match self.cluster.leader(topic, *partition).await {
+                Ok(leader) => {
+                    by_leader
+                        .entry(leader)
+                        .or_default()
+                        .push((topic.clone(), *partition, *offset))
+                }
+                Err(e) if e.is_retriable() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if by_leader.is_empty() {
+            tokio::time::sleep(max_wait.min(Duration::from_millis(200))).await;
+            return Ok(Vec::new());
+        }
+        let mut tasks = tokio::task::JoinSet::new();
+        for (leader, parts) in by_leader {
+            let channel = self.cluster.connection().channel(&leader)?;
+            let mut topics: Vec<FetchTopic> = Vec::new();
+            for (topic, partition, offset) in parts {
+                let fp = FetchPartition {
+                    partition,
+                    fetch_offset: offset,
+                    partition_max_bytes: 0,
+                };
+                match topics.iter_mut().find(|t| t.topic == topic) {
+                    Some(t) => t.partitions.push(fp),
+                    None => topics.push(FetchTopic {
+                        topic,
+                        partitions: vec![fp],
+                    }),
+                }
+            }
+            let request = FetchRequest {
+                max_wait_ms: max_wait.as_millis().min(u32::MAX as u128) as u32,
+                min_bytes: 1,
+                max_bytes: self.max_bytes,
+                topics,
+                raw_batches: false,
+            };
+            tasks.spawn(async move { BrokerClient::new(channel).fetch(request).await });
+        }
+        let mut out = Vec::new();
+        let mut stale_topics = Vec::new();
+        while let Some(joined) = tasks.join_next().await {
+            let response = match joined {
+                Ok(Ok(r)) => r.into_inner(),
+                Ok(Err(status)) => {
+                    let e = ClientError::new(code_of(&status), status.message().to_owned());
+                    if e.is_retriable() {
+                        continue;
+                    }
+                    return Err(e);
+                }
+                Err(e) => {
+                    return Err(ClientError::new(
+                        ErrorCode::UnknownServerError,
+                        e.to_string(),
+                    ))
+                }
+            };
+            for t in response.topics {
+                for p in t.partitions {
+                    if p.error_code != 0 {
+                        let e = ClientError::new(wire_code(p.error_code), p.error_message);
+                        if e.is_retriable() {
+                            stale_topics.push(t.topic.clone());
+                            continue;
+                        }
+                        return Err(e);
+                    }
+                    let key = (t.topic.clone(), p.partition);
+                    for r in p.records {
+                        if let Some(pos) = self.positions.get_mut(&key) {
+                            if r.offset < *pos {
+                                continue;
+                            }
+                            *pos = r.offset + 1;
+                        }
+                        out.push(ConsumerRecord {
+                            topic: t.topic.clone(),
+                            partition: p.partition,
+                            offset: r.offset,
+                            timestamp_ms: r.timestamp_ms,
+                            key: r.key,
+                            value: r.value,
+                            headers: r.headers.into_iter().map(|h| (h.key, h.value)).collect(),
+                        });
+                    }
+                }
+            }
+        }
+        for topic in stale_topics {
+            let _ = self.cluster.refresh(&topic).await;
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,206 @@
+//! `tidelog broker`: stores partitions and serves produce, fetch, list offsets, metadata
+//! and admin. [`BrokerRuntime`] is shared with `standalone`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::{announce_ready, bind, incoming, shutdown_signal, RoleError};
+use crate::api::admin_service::ControllerAdminService;
+use crate::api::broker_admin_service::{AdminBackend, BrokerAdminService};
+use crate::api::broker_service::BrokerService;
+use crate::api::proto::admin_server::AdminServer;
+use crate::api::proto::broker_server::BrokerServer;
+use crate::api::proto::FILE_DESCRIPTOR_SET;
+use crate::broker::controller_link::{BrokerIdentity, ControllerLink};
+use crate::broker::metadata_cache::MetadataCache;
+use crate::broker::node::BrokerLimits;
+use crate::broker::partition_manager::PartitionManager;
+use crate::broker::BrokerNode;
+use crate::client::connection::parse_bootstrap;
+use crate::client::AdminClient;
+use crate::config::{BrokerConfig, ConfigLoadError};
+use crate::types::BrokerId;
+
+/// A broker's state and background tasks.
+pub struct BrokerRuntime {
+    node: BrokerNode,
+    link: Arc<ControllerLink>,
+    controllers: Vec<String>,
+    config: BrokerConfig,
+}
+
+impl BrokerRuntime {
+    /// Builds the broker (nothing runs yet). `advertised` is the address it registers.
+    pub fn new(config: &BrokerConfig, advertised: String) -> Result<Self, RoleError> {
+        config.validate()?;
+        let controllers = parse_bootstrap(&config.controllers).map_err(|e| {
+            RoleError::Config(ConfigLoadError(format!("controllers: {}", e.message)))
+        })?;
+        std::fs::create_dir_all(&config.data_dir).map_err(|source| RoleError::Listen {
+            what: "cannot create data directory",
+            address: config.data_dir.display().to_string(),
+            source,
+        })?;
+        let id = BrokerId(config.broker_id);
+        let metadata = Arc::new(MetadataCache::default());
+        let partitions = Arc::new(PartitionManager::new(&config.data_dir, id));
+        let node = BrokerNode::new(
+            id,
+            metadata.clone(),
+            partitions.clone(),
+            BrokerLimits {
+                fetch_wait_max: Duration::from_millis(config.fetch_max_wait_ms),
+                fetch_bytes_max: config.fetch_max_bytes,
+            },
+        );
+        let link = Arc::new(ControllerLink::new(
+            controllers.clone(),
+            BrokerIdentity {
+                id,
+                address: advertised,
+                rack: (!config.rack.is_empty()).then(|| config.rack.clone()),
+            },
+            Duration::from_millis(config.broker_heartbeat_interval_ms),
+            metadata,
+            partitions,
+        ));
+        Ok(Self {
+            node,
+            link,
+            controllers,
+            config: config.clone(),
+        })
+    }
+
+    /// The broker's gRPC services: Broker and Admin. Admin calls go to `local` when
+    /// given (standalone), else to the controllers.
+    pub fn services(
+        &self,
+        local: Option<ControllerAdminService>,
+    ) -> (BrokerServer<BrokerService>, AdminServer<BrokerAdminService>) {
+        let broker = BrokerServer::new(BrokerService::new(self.node.clone()))
+            .max_decoding_message_size(self.config.max_request_bytes)
+            .max_encoding_message_size(self.config.fetch_max_bytes + 1024 * 1024);
+        let backend = match local {
+            Some(service) => AdminBackend::Local(Box::new(service)),
+            None => AdminBackend::Remote(AdminClient::new(
+                self.controllers.clone(),
+                Duration::from_secs(30),
+            )),
+        };
+        let admin = AdminServer::new(BrokerAdminService::new(backend, self.node.clone()));
+        (broker, admin)
+    }
+
+    /// Registers, loads metadata, opens partitions, then keeps heartbeating and following
+    /// metadata in tasks owned by `tasks` until `cancel`.
+    pub async fn start(
+        &self,
+        tasks: &TaskTracker,
+        cancel: &CancellationToken,
+    ) -> Result<(), RoleError> {
+        let deadline = Instant::now() + Duration::from_millis(self.config.registration_timeout_ms);
+        self.link
+            .register(deadline)
+            .await
+            .map_err(|e| RoleError::Register(e.to_string()))?;
+        loop {
+            match self.link.poll_metadata(Duration::ZERO).await {
+                Ok(()) => break,
+                Err(e) if e.is_retriable() && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => return Err(RoleError::Register(e.to_string())),
+            }
+        }
+        self.link.reconcile().await;
+        tasks.spawn(self.link.clone().run_metadata(cancel.clone()));
+        tasks.spawn(self.link.clone().run_heartbeats(cancel.clone()));
+        Ok(())
+    }
+
+    /// Controlled shutdown: moves leaderships away, then (after the caller stops the
+    /// server and tasks) [`BrokerRuntime::close`].
+    pub async fn hand_off(&self) {
+        self.link
+            .controlled_shutdown(Duration::from_millis(
+                self.config.controlled_shutdown_timeout_ms,
+            ))
+            .await;
+    }
+
+    /// Closes every partition cleanly.
+    pub async fn close(&self) {
+        let partitions = self.node.partitions().clone();
+        let _ = tokio::task::spawn_blocking(move || partitions.close_all()).await;
+    }
+}
+
+/// Runs a broker until SIGTERM or Ctrl-C.
+pub async fn run(config: BrokerConfig) -> Result<(), RoleError> {
+    config.validate()?;
+    let (listener, address) = bind(&config.listen).await?;
+    let advertised = if config.advertised_address.is_empty() {
+        address.to_string()
+    } else {
+        config.advertised_address.clone()
+    };
+    let runtime = BrokerRuntime::new(&config, advertised)?;
+    let cancel = CancellationToken::new();
+    let server_cancel = CancellationToken::new();
+    let tasks = TaskTracker::new();
+    let (broker, admin) = runtime.services(None);
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<BrokerServer<BrokerService>>().await;
+    let reflection = reflection_service()?;
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(broker)
+            .add_service(admin)
+            .add_service(health_service)
+            .add_service(reflection)
+            .serve_with_incoming_shutdown(
+                incoming(listener),
+                server_cancel.clone().cancelled_owned(),
+            ),
+    );
+    let stop = shutdown_signal();
+    runtime.start(&tasks, &cancel).await?;
+    tracing::info!(broker_id = config.broker_id, %address, data_dir = %config.data_dir.display(), "broker started");
+    announce_ready("broker", address);
+    tokio::select! {
+        _ = stop => {}
+        result = server => {
+            cancel.cancel();
+            runtime.close().await;
+            return match result {
+                Ok(Err(e)) => Err(e.into()),
+                _ => Ok(()),
+            };
+        }
+    }
+    runtime.hand_off().await;
+    cancel.cancel();
+    tasks.close();
+    tasks.wait().await;
+    server_cancel.cancel();
+    runtime.close().await;
+    tracing::info!("broker stopped");
+    Ok(())
+}
+
+/// The gRPC reflection service over every proto file.
+pub fn reflection_service() -> Result<
+    tonic_reflection::server::v1::ServerReflectionServer<
+        impl tonic_reflection::server::v1::ServerReflection,
+    >,
+    RoleError,
+> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| RoleError::Register(format!("reflection service: {e}")))
+}
