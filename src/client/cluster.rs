@@ -48,7 +48,12 @@ impl Cluster {
             .connection
             .call("metadata", |c| {
                 let r = request.clone();
-                async move { BrokerClient::new(c).metadata(r).await }
+                async move {
+                    BrokerClient::new(c)
+                        .max_decoding_message_size(64 * 1024 * 1024)
+                        .metadata(r)
+                        .await
+                }
             })
             .await?;
         let Some(t) = response.topics.into_iter().find(|t| t.name == topic) else {

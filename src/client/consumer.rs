@@ -17,6 +17,9 @@ use crate::api::proto::{
 use crate::api::status::code_of;
 use crate::error_code::ErrorCode;
 
+/// Largest response the consumer accepts (fetches are bounded by `max_bytes` below it).
+const RESPONSE_BYTES_MAX: usize = 64 * 1024 * 1024;
+
 /// Where to start reading a partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StartAt {
@@ -188,7 +191,12 @@ impl Consumer {
                 topics,
                 raw_batches: false,
             };
-            tasks.spawn(async move { BrokerClient::new(channel).fetch(request).await });
+            tasks.spawn(async move {
+                BrokerClient::new(channel)
+                    .max_decoding_message_size(RESPONSE_BYTES_MAX)
+                    .fetch(request)
+                    .await
+            });
         }
         let mut out = Vec::new();
         let mut stale_topics = Vec::new();
