@@ -18,6 +18,7 @@ use super::proto::{
 use super::status::error_status;
 use crate::broker::node::{FetchTarget, OffsetQuery};
 use crate::broker::{BrokerError, BrokerNode};
+use crate::client::AdminClient;
 use crate::error_code::ErrorCode;
 use crate::partition::MAX_UNCOMPRESSED_BATCH_BYTES;
 use crate::record::{BatchBuilder, Compression, RecordBatch, RecordRef};
@@ -29,12 +30,45 @@ const FETCH_BYTES_DEFAULT: usize = 50 * 1024 * 1024;
 /// Serves the Broker service of one broker.
 pub struct BrokerService {
     node: BrokerNode,
+    /// Set when `auto_create_topics_enable`: creates unknown topics named in Metadata.
+    auto_create: Option<AdminClient>,
 }
 
 impl BrokerService {
-    /// A service over `node`.
-    pub fn new(node: BrokerNode) -> Self {
-        Self { node }
+    /// A service over `node`; `auto_create` creates unknown topics on first use.
+    pub fn new(node: BrokerNode, auto_create: Option<AdminClient>) -> Self {
+        Self { node, auto_create }
+    }
+
+    /// Creates `names` with the default partition count and replication factor, then waits
+    /// (up to 5 s) until this broker's metadata holds them.
+    async fn auto_create(&self, admin: &AdminClient, names: &[String]) {
+        for name in names {
+            match admin
+                .create_topic(name, None, None, Default::default())
+                .await
+            {
+                Ok(_) => tracing::info!(topic = %name, "auto-created topic"),
+                Err(e) if e.code == ErrorCode::TopicAlreadyExists => {}
+                Err(e) => {
+                    tracing::warn!(topic = %name, error = %e, "auto-create failed");
+                    return;
+                }
+            }
+        }
+        let mut version = self.node.metadata().subscribe();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !names
+            .iter()
+            .all(|n| self.node.metadata().topic(n).is_some())
+        {
+            if tokio::time::timeout_at(deadline, version.changed())
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
     }
 }
 
@@ -361,6 +395,16 @@ impl Broker for BrokerService {
         request: Request<MetadataRequest>,
     ) -> Result<Response<MetadataResponse>, Status> {
         let wanted = request.into_inner().topics;
+        if let Some(admin) = &self.auto_create {
+            let missing: Vec<String> = wanted
+                .iter()
+                .filter(|n| self.node.metadata().topic(n).is_none())
+                .cloned()
+                .collect();
+            if !missing.is_empty() {
+                self.auto_create(admin, &missing).await;
+            }
+        }
         let cache = self.node.metadata();
         let version = cache.version();
         let response = cache.read(|image| {

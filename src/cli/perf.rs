@@ -131,18 +131,18 @@ async fn produce(
     let mut last_report = Instant::now();
     let mut acked_at_report = 0usize;
     let window = 200_000;
-    let mut collect =
-        |r: Result<(Duration, bool, String), tokio::task::JoinError>, lat: &mut Vec<u64>| match r {
-            Ok((d, true, _)) => lat.push(d.as_micros() as u64),
-            Ok((_, false, e)) => {
-                failures += 1;
-                first_error.get_or_insert(e);
-            }
-            Err(e) => {
-                failures += 1;
-                first_error.get_or_insert(e.to_string());
-            }
-        };
+    let mut collect = |r: Result<(Duration, bool, String), tokio::task::JoinError>,
+                       lat: &mut Vec<u64>| match r {
+        Ok((d, true, _)) => lat.push(d.as_micros() as u64),
+        Ok((_, false, e)) => {
+            failures += 1;
+            first_error.get_or_insert(e);
+        }
+        Err(e) => {
+            failures += 1;
+            first_error.get_or_insert(e.to_string());
+        }
+    };
     for i in 0..num_records {
         if throughput > 0 {
             let due = start + Duration::from_secs_f64(i as f64 / throughput as f64);

@@ -81,7 +81,11 @@ impl BrokerRuntime {
         &self,
         local: Option<ControllerAdminService>,
     ) -> (BrokerServer<BrokerService>, AdminServer<BrokerAdminService>) {
-        let broker = BrokerServer::new(BrokerService::new(self.node.clone()))
+        let auto_create = self
+            .config
+            .auto_create_topics_enable
+            .then(|| AdminClient::new(self.controllers.clone(), Duration::from_secs(30)));
+        let broker = BrokerServer::new(BrokerService::new(self.node.clone(), auto_create))
             .max_decoding_message_size(self.config.max_request_bytes)
             .max_encoding_message_size(self.config.fetch_max_bytes + 1024 * 1024);
         let backend = match local {
