@@ -40,6 +40,8 @@ pub struct ControllerLink {
     incarnation_id: String,
     epoch: AtomicU64,
     fenced: AtomicBool,
+    /// The controller's metadata version at the last heartbeat answer.
+    controller_version: AtomicU64,
     heartbeat_interval: Duration,
     metadata: Arc<MetadataCache>,
     partitions: Arc<PartitionManager>,
@@ -60,6 +62,7 @@ impl ControllerLink {
             incarnation_id: uuid::Uuid::new_v4().to_string(),
             epoch: AtomicU64::new(0),
             fenced: AtomicBool::new(true),
+            controller_version: AtomicU64::new(0),
             heartbeat_interval,
             metadata,
             partitions,
@@ -145,6 +148,8 @@ impl ControllerLink {
         };
         match self.client.heartbeat(request).await {
             Ok(r) => {
+                self.controller_version
+                    .fetch_max(r.metadata_version, Ordering::SeqCst);
                 if self.fenced.swap(r.fenced, Ordering::SeqCst) != r.fenced {
                     tracing::info!(fenced = r.fenced, "broker fencing state changed");
                 }
@@ -164,6 +169,29 @@ impl ControllerLink {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Heartbeats until the controllers unfence this broker (or `deadline`), then catches
+    /// up with the leaderships that gave it, so it serves its partitions once ready.
+    pub async fn wait_unfenced(&self, deadline: Instant) -> Result<(), ClientError> {
+        loop {
+            match self.heartbeat(false).await {
+                Ok(_) if !self.is_fenced() => break,
+                Err(e) if !e.is_retriable() || Instant::now() >= deadline => return Err(e),
+                _ if Instant::now() >= deadline => {
+                    return Err(ClientError::new(
+                        ErrorCode::RequestTimedOut,
+                        "the controllers did not unfence this broker in time",
+                    ))
+                }
+                _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+        let target = self.controller_version.load(Ordering::SeqCst);
+        while self.metadata.version() < target && Instant::now() < deadline {
+            self.poll_metadata(Duration::from_millis(500)).await?;
+        }
+        Ok(())
     }
 
     /// Heartbeats until `cancel`.

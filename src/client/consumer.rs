@@ -95,6 +95,27 @@ impl Consumer {
         Ok(())
     }
 
+    /// Moves an assigned partition's position (like [`Consumer::assign`] again).
+    pub async fn seek(
+        &mut self,
+        topic: &str,
+        partition: u32,
+        to: StartAt,
+    ) -> Result<(), ClientError> {
+        if !self.positions.contains_key(&(topic.to_owned(), partition)) {
+            return Err(ClientError::new(
+                ErrorCode::InvalidRequest,
+                format!("{topic}-{partition} is not assigned to this consumer"),
+            ));
+        }
+        self.assign(topic, partition, to).await
+    }
+
+    /// Stops reading a partition.
+    pub fn unassign(&mut self, topic: &str, partition: u32) {
+        self.positions.remove(&(topic.to_owned(), partition));
+    }
+
     /// The next offset to read of each assigned partition.
     pub fn positions(&self) -> &BTreeMap<(String, u32), i64> {
         &self.positions
@@ -106,8 +127,15 @@ impl Consumer {
         partition: u32,
         timestamp_ms: i64,
     ) -> Result<i64, ClientError> {
-        for _ in 0..20 {
-            let leader = self.cluster.leader(topic, partition).await?;
+        for _ in 0..50 {
+            let leader = match self.cluster.leader(topic, partition).await {
+                Ok(l) => l,
+                Err(e) if e.is_retriable() => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let channel = self.cluster.connection().channel(&leader)?;
             let request = ListOffsetsRequest {
                 topics: vec![ListOffsetsTopic {

@@ -121,6 +121,10 @@ impl BrokerRuntime {
             }
         }
         self.link.reconcile().await;
+        self.link
+            .wait_unfenced(deadline)
+            .await
+            .map_err(|e| RoleError::Register(e.to_string()))?;
         tasks.spawn(self.link.clone().run_metadata(cancel.clone()));
         tasks.spawn(self.link.clone().run_heartbeats(cancel.clone()));
         Ok(())
