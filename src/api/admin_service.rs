@@ -8,7 +8,7 @@ use std::time::Duration;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
-use super::controller_service::{catch_up, route, status_to_proto, Route};
+use super::controller_service::{catch_up, forward_to_leader, route, status_to_proto, Route};
 use super::convert;
 use super::forward::{forwarded, PeerChannels};
 use super::proto::admin_client::AdminClient;
@@ -150,14 +150,7 @@ impl Admin for ControllerAdminService {
         &self,
         request: Request<CreateTopicRequest>,
     ) -> Result<Response<CreateTopicResponse>, Status> {
-        if let Route::Leader(address) = route(&self.node, &request) {
-            let response = self
-                .leader_client(&address)?
-                .create_topic(forwarded(request.into_inner()))
-                .await?;
-            catch_up(&self.node, response.get_ref().metadata_version).await;
-            return Ok(response);
-        }
+        forward_to_leader!(self, request, create_topic, catch_up);
         let r = request.into_inner();
         let (topic, metadata_version) = self
             .node
@@ -179,12 +172,7 @@ impl Admin for ControllerAdminService {
         &self,
         request: Request<ListTopicsRequest>,
     ) -> Result<Response<ListTopicsResponse>, Status> {
-        if let Route::Leader(address) = route(&self.node, &request) {
-            return self
-                .leader_client(&address)?
-                .list_topics(forwarded(request.into_inner()))
-                .await;
-        }
+        forward_to_leader!(self, request, list_topics);
         self.read_barrier_if_leader().await?;
         let response = self.node.store().read(|image, version| ListTopicsResponse {
             topics: image
@@ -206,12 +194,7 @@ impl Admin for ControllerAdminService {
         &self,
         request: Request<DescribeTopicsRequest>,
     ) -> Result<Response<DescribeTopicsResponse>, Status> {
-        if let Route::Leader(address) = route(&self.node, &request) {
-            return self
-                .leader_client(&address)?
-                .describe_topics(forwarded(request.into_inner()))
-                .await;
-        }
+        forward_to_leader!(self, request, describe_topics);
         self.read_barrier_if_leader().await?;
         let names = request.into_inner().names;
         let response = self.node.store().read(|image, version| {
@@ -249,14 +232,7 @@ impl Admin for ControllerAdminService {
         &self,
         request: Request<AlterTopicRequest>,
     ) -> Result<Response<AlterTopicResponse>, Status> {
-        if let Route::Leader(address) = route(&self.node, &request) {
-            let response = self
-                .leader_client(&address)?
-                .alter_topic(forwarded(request.into_inner()))
-                .await?;
-            catch_up(&self.node, response.get_ref().metadata_version).await;
-            return Ok(response);
-        }
+        forward_to_leader!(self, request, alter_topic, catch_up);
         let r = request.into_inner();
         let (topic, metadata_version) = self
             .node
@@ -277,14 +253,7 @@ impl Admin for ControllerAdminService {
         &self,
         request: Request<DeleteTopicRequest>,
     ) -> Result<Response<DeleteTopicResponse>, Status> {
-        if let Route::Leader(address) = route(&self.node, &request) {
-            let response = self
-                .leader_client(&address)?
-                .delete_topic(forwarded(request.into_inner()))
-                .await?;
-            catch_up(&self.node, response.get_ref().metadata_version).await;
-            return Ok(response);
-        }
+        forward_to_leader!(self, request, delete_topic, catch_up);
         let metadata_version = self.node.delete_topic(&request.into_inner().name).await?;
         Ok(Response::new(DeleteTopicResponse { metadata_version }))
     }

@@ -15,7 +15,7 @@ use super::proto::{
     ListOffsetsTopicResponse, MetadataRequest, MetadataResponse, PartitionProduceResponse,
     ProduceRequest, ProduceResponse, TopicProduceResponse,
 };
-use super::status::error_status;
+use super::status::{error_status, to_wire};
 use crate::broker::node::{FetchTarget, OffsetQuery};
 use crate::broker::{BrokerError, BrokerNode};
 use crate::client::AdminClient;
@@ -214,9 +214,7 @@ impl Broker for BrokerService {
                         let (leader_id, leader_address) = leader_fields(&e);
                         PartitionProduceResponse {
                             partition: p.partition,
-                            error_code: proto::ErrorCode::from_str_name(e.code.as_str())
-                                .unwrap_or(proto::ErrorCode::UnknownServerError)
-                                as i32,
+                            error_code: to_wire(e.code),
                             error_message: e.message,
                             base_offset: -1,
                             log_start_offset: -1,
@@ -312,9 +310,7 @@ impl Broker for BrokerService {
                     let (leader_id, leader_address) = leader_fields(&e);
                     FetchPartitionResponse {
                         partition: target.partition,
-                        error_code: proto::ErrorCode::from_str_name(e.code.as_str())
-                            .unwrap_or(proto::ErrorCode::UnknownServerError)
-                            as i32,
+                        error_code: to_wire(e.code),
                         error_message: e.message,
                         high_watermark: -1,
                         log_start_offset: -1,
@@ -369,9 +365,7 @@ impl Broker for BrokerService {
                             let (leader_id, leader_address) = leader_fields(&e);
                             ListOffsetsPartitionResponse {
                                 partition: p.partition,
-                                error_code: proto::ErrorCode::from_str_name(e.code.as_str())
-                                    .unwrap_or(proto::ErrorCode::UnknownServerError)
-                                    as i32,
+                                error_code: to_wire(e.code),
                                 error_message: e.message,
                                 offset: -1,
                                 timestamp_ms: -1,

@@ -54,6 +54,31 @@ pub(crate) fn route<T>(node: &ControllerNode, request: &Request<T>) -> Route {
     }
 }
 
+/// In a handler: when a leader-only request reached a follower, forward it to the leader
+/// and return the leader's answer (with `catch_up`: after waiting until this node has
+/// applied the version the answer reports).
+macro_rules! forward_to_leader {
+    ($self:ident, $request:ident, $method:ident, catch_up) => {
+        if let Route::Leader(address) = route(&$self.node, &$request) {
+            let response = $self
+                .leader_client(&address)?
+                .$method(forwarded($request.into_inner()))
+                .await?;
+            catch_up(&$self.node, response.get_ref().metadata_version).await;
+            return Ok(response);
+        }
+    };
+    ($self:ident, $request:ident, $method:ident) => {
+        if let Route::Leader(address) = route(&$self.node, &$request) {
+            return $self
+                .leader_client(&address)?
+                .$method(forwarded($request.into_inner()))
+                .await;
+        }
+    };
+}
+pub(crate) use forward_to_leader;
+
 /// Waits (bounded) until `node` has applied `version`.
 pub(crate) async fn catch_up(node: &ControllerNode, version: u64) {
     if version > 0 && node.store().version() < version {
@@ -103,14 +128,7 @@ impl Controller for ControllerService {
         &self,
         request: Request<RegisterBrokerRequest>,
     ) -> Result<Response<RegisterBrokerResponse>, Status> {
-        if let Route::Leader(address) = route(&self.node, &request) {
-            let response = self
-                .leader_client(&address)?
-                .register_broker(forwarded(request.into_inner()))
-                .await?;
-            catch_up(&self.node, response.get_ref().metadata_version).await;
-            return Ok(response);
-        }
+        forward_to_leader!(self, request, register_broker, catch_up);
         let r = request.into_inner();
         let (broker_epoch, cluster_id, metadata_version) = self
             .node
@@ -127,12 +145,7 @@ impl Controller for ControllerService {
         &self,
         request: Request<BrokerHeartbeatRequest>,
     ) -> Result<Response<BrokerHeartbeatResponse>, Status> {
-        if let Route::Leader(address) = route(&self.node, &request) {
-            return self
-                .leader_client(&address)?
-                .broker_heartbeat(forwarded(request.into_inner()))
-                .await;
-        }
+        forward_to_leader!(self, request, broker_heartbeat);
         let r = request.into_inner();
         let outcome = self
             .node
@@ -155,14 +168,7 @@ impl Controller for ControllerService {
         &self,
         request: Request<AlterPartitionRequest>,
     ) -> Result<Response<AlterPartitionResponse>, Status> {
-        if let Route::Leader(address) = route(&self.node, &request) {
-            let response = self
-                .leader_client(&address)?
-                .alter_partition(forwarded(request.into_inner()))
-                .await?;
-            catch_up(&self.node, response.get_ref().metadata_version).await;
-            return Ok(response);
-        }
+        forward_to_leader!(self, request, alter_partition, catch_up);
         let r = request.into_inner();
         let cmd = MetadataCommand::AlterPartition {
             broker_id: BrokerId(r.broker_id),

@@ -97,6 +97,25 @@ pub fn code_of(status: &Status) -> ErrorCode {
     }
 }
 
+/// An error code as the `tidelog.v1.ErrorCode` wire value.
+pub fn to_wire(code: ErrorCode) -> i32 {
+    super::proto::ErrorCode::from_str_name(code.as_str())
+        .unwrap_or(super::proto::ErrorCode::UnknownServerError) as i32
+}
+
+/// A `tidelog.v1.ErrorCode` wire value as an error code (`None` for NONE).
+pub fn from_wire(value: i32) -> Option<ErrorCode> {
+    let wire = super::proto::ErrorCode::try_from(value).ok()?;
+    if wire == super::proto::ErrorCode::None {
+        return None;
+    }
+    Some(
+        wire.as_str_name()
+            .parse()
+            .unwrap_or(ErrorCode::UnknownServerError),
+    )
+}
+
 /// The leader hint a status carries, if any.
 pub fn leader_hint_of(status: &Status) -> Option<String> {
     status

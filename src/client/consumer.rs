@@ -14,7 +14,7 @@ use crate::api::proto::{
     FetchPartition, FetchRequest, FetchTopic, ListOffsetsPartition, ListOffsetsRequest,
     ListOffsetsTopic,
 };
-use crate::api::status::code_of;
+use crate::api::status::{code_of, from_wire};
 use crate::error_code::ErrorCode;
 
 /// Largest response the consumer accepts (fetches are bounded by `max_bytes` below it).
@@ -58,10 +58,7 @@ pub struct Consumer {
 }
 
 fn wire_code(code: i32) -> ErrorCode {
-    crate::api::proto::ErrorCode::try_from(code)
-        .ok()
-        .and_then(|c| c.as_str_name().parse().ok())
-        .unwrap_or(ErrorCode::UnknownServerError)
+    from_wire(code).unwrap_or(ErrorCode::UnknownServerError)
 }
 
 impl Consumer {

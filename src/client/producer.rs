@@ -371,9 +371,7 @@ async fn send_batch(
                     ClientError::new(ErrorCode::UnknownServerError, "empty produce response")
                 })?;
             if p.error_code != 0 {
-                let code = crate::api::proto::ErrorCode::try_from(p.error_code)
-                    .ok()
-                    .and_then(|c| c.as_str_name().parse().ok())
+                let code = crate::api::status::from_wire(p.error_code)
                     .unwrap_or(ErrorCode::UnknownServerError);
                 return Err(ClientError::new(code, p.error_message.clone()));
             }

@@ -140,6 +140,36 @@ impl BrokerRuntime {
             .await;
     }
 
+    /// Serves until `stop` (or until the server fails), then shuts down in order:
+    /// controlled shutdown, background tasks, the gRPC server, the partitions.
+    pub async fn run_until_stopped(
+        &self,
+        server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+        stop: impl std::future::Future<Output = ()>,
+        cancel: CancellationToken,
+        server_cancel: CancellationToken,
+        tasks: TaskTracker,
+    ) -> Result<(), RoleError> {
+        tokio::select! {
+            _ = stop => {}
+            result = server => {
+                cancel.cancel();
+                self.close().await;
+                return match result {
+                    Ok(Err(e)) => Err(e.into()),
+                    _ => Ok(()),
+                };
+            }
+        }
+        self.hand_off().await;
+        cancel.cancel();
+        tasks.close();
+        tasks.wait().await;
+        server_cancel.cancel();
+        self.close().await;
+        Ok(())
+    }
+
     /// Closes every partition cleanly.
     pub async fn close(&self) {
         let partitions = self.node.partitions().clone();
@@ -179,25 +209,11 @@ pub async fn run(config: BrokerConfig) -> Result<(), RoleError> {
     runtime.start(&tasks, &cancel).await?;
     tracing::info!(broker_id = config.broker_id, %address, data_dir = %config.data_dir.display(), "broker started");
     announce_ready("broker", address);
-    tokio::select! {
-        _ = stop => {}
-        result = server => {
-            cancel.cancel();
-            runtime.close().await;
-            return match result {
-                Ok(Err(e)) => Err(e.into()),
-                _ => Ok(()),
-            };
-        }
-    }
-    runtime.hand_off().await;
-    cancel.cancel();
-    tasks.close();
-    tasks.wait().await;
-    server_cancel.cancel();
-    runtime.close().await;
+    let result = runtime
+        .run_until_stopped(server, stop, cancel, server_cancel, tasks)
+        .await;
     tracing::info!("broker stopped");
-    Ok(())
+    result
 }
 
 /// The gRPC reflection service over every proto file.

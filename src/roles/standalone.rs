@@ -71,25 +71,10 @@ pub async fn run(
     runtime.start(&tasks, &cancel).await?;
     tracing::info!(%address, data_dir = %broker.data_dir.display(), "standalone started");
     announce_ready("standalone", address);
-    tokio::select! {
-        _ = stop => {}
-        result = server => {
-            cancel.cancel();
-            runtime.close().await;
-            node.shutdown().await;
-            return match result {
-                Ok(Err(e)) => Err(e.into()),
-                _ => Ok(()),
-            };
-        }
-    }
-    runtime.hand_off().await;
-    cancel.cancel();
-    tasks.close();
-    tasks.wait().await;
-    server_cancel.cancel();
-    runtime.close().await;
+    let result = runtime
+        .run_until_stopped(server, stop, cancel, server_cancel, tasks)
+        .await;
     node.shutdown().await;
     tracing::info!("standalone stopped");
-    Ok(())
+    result
 }
