@@ -258,6 +258,9 @@ async fn consume(
             last_data = Instant::now();
         }
         for r in batch {
+            if records == num_records {
+                break;
+            }
             records += 1;
             bytes += r.value.map_or(0, |v| v.len() as u64) + r.key.map_or(0, |k| k.len() as u64);
         }

@@ -20,6 +20,29 @@ use crate::error_code::ErrorCode;
 /// Largest response the consumer accepts (fetches are bounded by `max_bytes` below it).
 const RESPONSE_BYTES_MAX: usize = 64 * 1024 * 1024;
 
+/// Decodes fetched RecordBatch bytes (CRC-checked), skipping control batches.
+fn decode_batches(bytes: &[u8]) -> Result<Vec<crate::record::Record>, ClientError> {
+    let corrupt = |e: crate::record::RecordError| {
+        ClientError::new(ErrorCode::CorruptMessage, format!("fetched batch: {e}"))
+    };
+    let mut out = Vec::new();
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        let (batch, tail) = crate::record::RecordBatch::parse(rest).map_err(corrupt)?;
+        rest = tail;
+        batch.verify_crc().map_err(corrupt)?;
+        if batch.header().is_control() {
+            continue;
+        }
+        out.extend(
+            batch
+                .records(crate::partition::MAX_UNCOMPRESSED_BATCH_BYTES)
+                .map_err(corrupt)?,
+        );
+    }
+    Ok(out)
+}
+
 /// Where to start reading a partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StartAt {
@@ -214,7 +237,9 @@ impl Consumer {
                 min_bytes: 1,
                 max_bytes: self.max_bytes,
                 topics,
-                raw_batches: false,
+                // Stored batches travel as they are and are decoded here: no per-record
+                // protobuf messages on either side.
+                raw_batches: true,
             };
             tasks.spawn(async move {
                 BrokerClient::new(channel)
@@ -253,7 +278,7 @@ impl Consumer {
                         return Err(e);
                     }
                     let key = (t.topic.clone(), p.partition);
-                    for r in p.records {
+                    for r in decode_batches(&p.record_batches)? {
                         if let Some(pos) = self.positions.get_mut(&key) {
                             if r.offset < *pos {
                                 continue;
@@ -264,7 +289,7 @@ impl Consumer {
                             topic: t.topic.clone(),
                             partition: p.partition,
                             offset: r.offset,
-                            timestamp_ms: r.timestamp_ms,
+                            timestamp_ms: r.timestamp,
                             key: r.key,
                             value: r.value,
                             headers: r.headers.into_iter().map(|h| (h.key, h.value)).collect(),
