@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{RaftLogReader, StorageIOError, Vote};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 
 use super::raft_types::{Entry, LogId, StorageError, TypeConfig};
@@ -47,7 +47,7 @@ struct LogMeta {
 }
 
 struct StoredEntry {
-    entry: Entry,
+    log_id: LogId,
     /// First index of the segment holding it.
     segment: u64,
     /// Byte position of its frame in that segment.
@@ -70,9 +70,14 @@ struct Inner {
 }
 
 /// The Raft log store; cheap to clone (clones share one log).
+///
+/// File state sits behind a mutex held during writes and fsyncs (on a blocking thread);
+/// readers use `readable`, a copy of the unpurged entries updated after each write, so a
+/// replication read never waits for an fsync.
 #[derive(Clone)]
 pub struct LogStore {
     inner: Arc<Mutex<Inner>>,
+    readable: Arc<RwLock<BTreeMap<u64, Entry>>>,
 }
 
 fn io_err(e: io::Error) -> StorageError {
@@ -166,6 +171,7 @@ impl LogStore {
         }
         firsts.sort_unstable();
         let purged_index = meta.last_purged.map(|l| l.index);
+        let mut readable = BTreeMap::new();
         let mut inner = Inner {
             dir: dir.to_owned(),
             meta,
@@ -207,11 +213,12 @@ impl LogStore {
                             inner.entries.insert(
                                 index,
                                 StoredEntry {
-                                    entry,
+                                    log_id: entry.log_id,
                                     segment: *first,
                                     position: pos as u64,
                                 },
                             );
+                            readable.insert(index, entry);
                         }
                         pos += used;
                     }
@@ -248,6 +255,7 @@ impl LogStore {
         }
         Ok(Self {
             inner: Arc::new(Mutex::new(inner)),
+            readable: Arc::new(RwLock::new(readable)),
         })
     }
 
@@ -298,7 +306,7 @@ impl Inner {
         write_atomically(&self.dir.join("meta.json"), &bytes)
     }
 
-    fn append(&mut self, entries: Vec<Entry>) -> io::Result<()> {
+    fn append(&mut self, entries: &[Entry]) -> io::Result<()> {
         let mut touched: Vec<u64> = Vec::new();
         let mut created = false;
         let mut frame = Vec::new();
@@ -321,7 +329,7 @@ impl Inner {
             }
             let (first, segment) = self.segments.iter_mut().next_back().expect("a segment");
             frame.clear();
-            encode_frame(&entry, &mut frame)?;
+            encode_frame(entry, &mut frame)?;
             write_at(&segment.file, &frame, segment.len)?;
             let position = segment.len;
             segment.len += frame.len() as u64;
@@ -331,7 +339,7 @@ impl Inner {
             self.entries.insert(
                 index,
                 StoredEntry {
-                    entry,
+                    log_id: entry.log_id,
                     segment: *first,
                     position,
                 },
@@ -397,11 +405,11 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, StorageError> {
-        let inner = self.inner.lock();
-        Ok(inner
-            .entries
+        Ok(self
+            .readable
+            .read()
             .range(range)
-            .map(|(_, s)| s.entry.clone())
+            .map(|(_, e)| e.clone())
             .collect())
     }
 }
@@ -415,7 +423,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let last_log_id = inner
             .entries
             .last_key_value()
-            .map(|(_, s)| s.entry.log_id)
+            .map(|(_, s)| s.log_id)
             .or(last_purged_log_id);
         Ok(LogState {
             last_purged_log_id,
@@ -454,11 +462,18 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: Send,
     {
         let entries: Vec<Entry> = entries.into_iter().collect();
-        let inner = self.inner.clone();
+        let (inner, readable) = (self.inner.clone(), self.readable.clone());
         // Awaiting here keeps appends in order; the fsync runs off the async workers.
-        let result = tokio::task::spawn_blocking(move || inner.lock().append(entries))
-            .await
-            .map_err(|e| StorageError::from(StorageIOError::write_logs(&e)))?;
+        let result = tokio::task::spawn_blocking(move || {
+            let mut inner = inner.lock();
+            inner.append(&entries)?;
+            readable
+                .write()
+                .extend(entries.into_iter().map(|e| (e.log_id.index, e)));
+            Ok::<(), io::Error>(())
+        })
+        .await
+        .map_err(|e| StorageError::from(StorageIOError::write_logs(&e)))?;
         match result {
             Ok(()) => {
                 callback.log_io_completed(Ok(()));
@@ -473,18 +488,29 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || inner.lock().truncate(log_id.index))
-            .await
-            .map_err(|e| StorageError::from(StorageIOError::write_logs(&e)))?
-            .map_err(io_err)
+        let (inner, readable) = (self.inner.clone(), self.readable.clone());
+        tokio::task::spawn_blocking(move || {
+            let mut inner = inner.lock();
+            inner.truncate(log_id.index)?;
+            readable.write().split_off(&log_id.index);
+            Ok::<(), io::Error>(())
+        })
+        .await
+        .map_err(|e| StorageError::from(StorageIOError::write_logs(&e)))?
+        .map_err(io_err)
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || inner.lock().purge(log_id))
-            .await
-            .map_err(|e| StorageError::from(StorageIOError::write_logs(&e)))?
-            .map_err(io_err)
+        let (inner, readable) = (self.inner.clone(), self.readable.clone());
+        tokio::task::spawn_blocking(move || {
+            let mut inner = inner.lock();
+            inner.purge(log_id)?;
+            let mut readable = readable.write();
+            *readable = readable.split_off(&(log_id.index + 1));
+            Ok::<(), io::Error>(())
+        })
+        .await
+        .map_err(|e| StorageError::from(StorageIOError::write_logs(&e)))?
+        .map_err(io_err)
     }
 }
