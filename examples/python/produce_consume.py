@@ -6,6 +6,7 @@ Stubs are generated from ../../proto with grpcio-tools (see run.sh). Usage:
 
 import os
 import sys
+import time
 import uuid
 
 import grpc
@@ -13,6 +14,7 @@ import grpc
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, broker_pb2, broker_pb2_grpc, common_pb2
 
 RECORDS = 1000
+RETRIABLE = {"NOT_LEADER_OR_FOLLOWER", "UNKNOWN_TOPIC_OR_PARTITION", "REQUEST_TIMED_OUT"}
 
 
 def error_code(exc: grpc.RpcError) -> str:
@@ -69,7 +71,12 @@ def main() -> int:
                 )
             ],
         )
-        result = stubs[leader].Produce(request, timeout=30).topics[0].partitions[0]
+        # Retriable codes (a partition still opening, a leader moving) are retried.
+        for _ in range(50):
+            result = stubs[leader].Produce(request, timeout=30).topics[0].partitions[0]
+            if common_pb2.ErrorCode.Name(result.error_code) not in RETRIABLE:
+                break
+            time.sleep(0.1)
         if result.error_code != common_pb2.NONE:
             raise SystemExit(f"produce failed: {common_pb2.ErrorCode.Name(result.error_code)}: {result.error_message}")
         for i, v in enumerate(values):

@@ -38,6 +38,30 @@ impl BrokerAdminService {
     }
 }
 
+impl BrokerAdminService {
+    /// Waits (up to 5 s) until this broker holds metadata `version` and has opened the
+    /// partitions of `topic` assigned to it, so a client that produces right after
+    /// creating a topic through this broker does not race the partition's creation.
+    async fn wait_until_open(&self, topic: &str, version: u64) {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        let me = self.node.id();
+        loop {
+            let cache = self.node.metadata();
+            let ready = cache.version() >= version
+                && cache.topic(topic).is_some_and(|t| {
+                    t.partitions
+                        .iter()
+                        .filter(|p| p.replicas.contains(&me))
+                        .all(|p| self.node.partitions().get(topic, p.partition).is_some())
+                });
+            if ready || tokio::time::Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+}
+
 fn status(e: ClientError) -> Status {
     error_status(e.code, e.message, None)
 }
@@ -63,6 +87,12 @@ impl Admin for BrokerAdminService {
         let r = request.into_inner();
         let response =
             via_backend!(self, create_topic, r.clone(), c => c.create_topic_request(r.clone()));
+        if let Some(topic) = &response.topic {
+            if !r.validate_only {
+                self.wait_until_open(&topic.name, response.metadata_version)
+                    .await;
+            }
+        }
         Ok(Response::new(response))
     }
 
