@@ -21,7 +21,7 @@ use crate::broker::{BrokerError, BrokerNode};
 use crate::client::AdminClient;
 use crate::error_code::ErrorCode;
 use crate::partition::MAX_UNCOMPRESSED_BATCH_BYTES;
-use crate::record::{BatchBuilder, Compression, RecordBatch, RecordRef};
+use crate::record::{decode_data_records, BatchBuilder, Compression, RecordRef};
 use crate::topic_config::TopicConfig;
 
 /// Default fetch response bound when the request gives none.
@@ -139,39 +139,26 @@ fn leader_fields(e: &BrokerError) -> (Option<i32>, Option<String>) {
 
 /// Decodes the records of `batches` at or after `from`.
 fn decode_records(batches: &Bytes, from: u64) -> Result<Vec<ConsumedRecord>, BrokerError> {
-    let mut out = Vec::new();
-    let mut rest: &[u8] = batches;
-    while !rest.is_empty() {
-        let (batch, tail) = RecordBatch::parse(rest).map_err(|e| {
-            BrokerError::new(ErrorCode::CorruptMessage, format!("stored batch: {e}"))
-        })?;
-        rest = tail;
-        if batch.header().is_control() {
-            continue;
-        }
-        for r in batch.records(MAX_UNCOMPRESSED_BATCH_BYTES).map_err(|e| {
-            BrokerError::new(ErrorCode::CorruptMessage, format!("stored batch: {e}"))
-        })? {
-            if (r.offset as u64) < from {
-                continue;
-            }
-            out.push(ConsumedRecord {
-                offset: r.offset,
-                timestamp_ms: r.timestamp,
-                key: r.key,
-                value: r.value,
-                headers: r
-                    .headers
-                    .into_iter()
-                    .map(|h| proto::Header {
-                        key: h.key,
-                        value: h.value,
-                    })
-                    .collect(),
-            });
-        }
-    }
-    Ok(out)
+    let records = decode_data_records(batches, MAX_UNCOMPRESSED_BATCH_BYTES)
+        .map_err(|e| BrokerError::new(ErrorCode::CorruptMessage, format!("stored batch: {e}")))?;
+    Ok(records
+        .into_iter()
+        .filter(|r| r.offset as u64 >= from)
+        .map(|r| ConsumedRecord {
+            offset: r.offset,
+            timestamp_ms: r.timestamp,
+            key: r.key,
+            value: r.value,
+            headers: r
+                .headers
+                .into_iter()
+                .map(|h| proto::Header {
+                    key: h.key,
+                    value: h.value,
+                })
+                .collect(),
+        })
+        .collect())
 }
 
 #[tonic::async_trait]

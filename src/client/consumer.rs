@@ -20,29 +20,6 @@ use crate::error_code::ErrorCode;
 /// Largest response the consumer accepts (fetches are bounded by `max_bytes` below it).
 const RESPONSE_BYTES_MAX: usize = 64 * 1024 * 1024;
 
-/// Decodes fetched RecordBatch bytes (CRC-checked), skipping control batches.
-fn decode_batches(bytes: &[u8]) -> Result<Vec<crate::record::Record>, ClientError> {
-    let corrupt = |e: crate::record::RecordError| {
-        ClientError::new(ErrorCode::CorruptMessage, format!("fetched batch: {e}"))
-    };
-    let mut out = Vec::new();
-    let mut rest = bytes;
-    while !rest.is_empty() {
-        let (batch, tail) = crate::record::RecordBatch::parse(rest).map_err(corrupt)?;
-        rest = tail;
-        batch.verify_crc().map_err(corrupt)?;
-        if batch.header().is_control() {
-            continue;
-        }
-        out.extend(
-            batch
-                .records(crate::partition::MAX_UNCOMPRESSED_BATCH_BYTES)
-                .map_err(corrupt)?,
-        );
-    }
-    Ok(out)
-}
-
 /// Where to start reading a partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StartAt {
@@ -169,7 +146,7 @@ impl Consumer {
             let response = BrokerClient::new(channel)
                 .list_offsets(request)
                 .await
-                .map_err(|s| ClientError::new(code_of(&s), s.message().to_owned()))?
+                .map_err(ClientError::from)?
                 .into_inner();
             let p = response
                 .topics
@@ -278,7 +255,14 @@ impl Consumer {
                         return Err(e);
                     }
                     let key = (t.topic.clone(), p.partition);
-                    for r in decode_batches(&p.record_batches)? {
+                    let decoded = crate::record::decode_data_records(
+                        &p.record_batches,
+                        crate::partition::MAX_UNCOMPRESSED_BATCH_BYTES,
+                    )
+                    .map_err(|e| {
+                        ClientError::new(ErrorCode::CorruptMessage, format!("fetched batch: {e}"))
+                    })?;
+                    for r in decoded {
                         if let Some(pos) = self.positions.get_mut(&key) {
                             if r.offset < *pos {
                                 continue;

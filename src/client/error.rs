@@ -26,3 +26,13 @@ impl ClientError {
         self.code.is_retriable()
     }
 }
+
+impl From<tonic::Status> for ClientError {
+    /// A failed call: the code the status carries (or one derived from its gRPC code).
+    fn from(status: tonic::Status) -> Self {
+        ClientError::new(
+            crate::api::status::code_of(&status),
+            status.message().to_owned(),
+        )
+    }
+}

@@ -359,9 +359,7 @@ async fn send_batch(
             let response = BrokerClient::new(channel)
                 .produce(request)
                 .await
-                .map_err(|s| {
-                    ClientError::new(crate::api::status::code_of(&s), s.message().to_owned())
-                })?
+                .map_err(ClientError::from)?
                 .into_inner();
             let p = response
                 .topics

@@ -389,3 +389,22 @@ impl<'a> Iterator for BatchIter<'a> {
         }
     }
 }
+
+/// Decodes every record of `buf` (whole batches back to back, as a fetch returns them):
+/// each batch's CRC is checked, control batches are skipped, and decompression is bounded
+/// by `max_uncompressed_bytes` per batch.
+pub fn decode_data_records(
+    buf: &[u8],
+    max_uncompressed_bytes: usize,
+) -> Result<Vec<super::Record>, RecordError> {
+    let mut out = Vec::new();
+    for batch in BatchIter::new(buf) {
+        let batch = batch?;
+        batch.verify_crc()?;
+        if batch.header().is_control() {
+            continue;
+        }
+        out.extend(batch.records(max_uncompressed_bytes)?);
+    }
+    Ok(out)
+}
