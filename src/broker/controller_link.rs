@@ -129,10 +129,14 @@ impl ControllerLink {
     pub async fn reconcile(&self) {
         let metadata = self.metadata.clone();
         let partitions = self.partitions.clone();
-        let failures =
-            tokio::task::spawn_blocking(move || metadata.read(|image| partitions.reconcile(image)))
-                .await
-                .unwrap_or_default();
+        let failures = tokio::task::spawn_blocking(move || {
+            // A copy: opening and deleting partitions must not hold the metadata lock,
+            // which every request reads.
+            let image = metadata.read(|image| image.clone());
+            partitions.reconcile(&image)
+        })
+        .await
+        .unwrap_or_default();
         for (partition, e) in failures {
             tracing::error!(%partition, error = %e, "cannot open partition");
         }

@@ -14,7 +14,7 @@ use crate::api::proto::{
     FetchPartition, FetchRequest, FetchTopic, ListOffsetsPartition, ListOffsetsRequest,
     ListOffsetsTopic,
 };
-use crate::api::status::{code_of, from_wire};
+use crate::api::status::code_of;
 use crate::error_code::ErrorCode;
 
 /// Largest response the consumer accepts (fetches are bounded by `max_bytes` below it).
@@ -55,10 +55,6 @@ pub struct Consumer {
     cluster: Cluster,
     positions: BTreeMap<(String, u32), i64>,
     max_bytes: u32,
-}
-
-fn wire_code(code: i32) -> ErrorCode {
-    from_wire(code).unwrap_or(ErrorCode::UnknownServerError)
 }
 
 impl Consumer {
@@ -155,10 +151,9 @@ impl Consumer {
                 .ok_or_else(|| {
                     ClientError::new(ErrorCode::UnknownServerError, "empty list-offsets response")
                 })?;
-            if p.error_code == 0 {
+            let Some(e) = ClientError::from_partition(p.error_code, &p.error_message) else {
                 return Ok(p.offset);
-            }
-            let e = ClientError::new(wire_code(p.error_code), p.error_message.clone());
+            };
             if !e.is_retriable() {
                 return Err(e);
             }
@@ -246,8 +241,7 @@ impl Consumer {
             };
             for t in response.topics {
                 for p in t.partitions {
-                    if p.error_code != 0 {
-                        let e = ClientError::new(wire_code(p.error_code), p.error_message);
+                    if let Some(e) = ClientError::from_partition(p.error_code, &p.error_message) {
                         if e.is_retriable() {
                             stale_topics.push(t.topic.clone());
                             continue;

@@ -21,6 +21,17 @@ impl ClientError {
         }
     }
 
+    /// The error a partition's result carries (`error_code` is a `tidelog.v1.ErrorCode`
+    /// value), or None when it succeeded.
+    pub fn from_partition(error_code: i32, message: &str) -> Option<Self> {
+        if error_code == 0 {
+            return None;
+        }
+        let code =
+            crate::api::status::from_wire(error_code).unwrap_or(ErrorCode::UnknownServerError);
+        Some(Self::new(code, message))
+    }
+
     /// Whether retrying may help.
     pub fn is_retriable(&self) -> bool {
         self.code.is_retriable()

@@ -368,10 +368,8 @@ async fn send_batch(
                 .ok_or_else(|| {
                     ClientError::new(ErrorCode::UnknownServerError, "empty produce response")
                 })?;
-            if p.error_code != 0 {
-                let code = crate::api::status::from_wire(p.error_code)
-                    .unwrap_or(ErrorCode::UnknownServerError);
-                return Err(ClientError::new(code, p.error_message.clone()));
+            if let Some(e) = ClientError::from_partition(p.error_code, &p.error_message) {
+                return Err(e);
             }
             Ok(p.base_offset)
         }
