@@ -10,6 +10,7 @@ const PROTOS: &[&str] = &[
     "proto/tidelog/v1/admin.proto",
     "proto/tidelog/v1/controller_internal.proto",
     "proto/tidelog/v1/broker.proto",
+    "proto/tidelog/v1/replication.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -169,6 +169,7 @@ fn main() {
                             partitions: None,
                             set_config: [("retention.ms".to_owned(), (1000 + i).to_string())].into(),
                             delete_config: vec![],
+                            reassignments: vec![],
                         })
                         .await
                         .expect("alter");

@@ -46,6 +46,9 @@ pub struct ControllerConfig {
     pub metadata_history_max: usize,
     /// How long a metadata write may take before REQUEST_TIMED_OUT (ms).
     pub write_timeout_ms: u64,
+    /// How often the active controller hands leaderships back to preferred replicas that
+    /// are alive and in sync again (ms; 0 turns automatic preferred-leader election off).
+    pub leader_imbalance_check_interval_ms: u64,
 }
 
 impl Default for ControllerConfig {
@@ -64,6 +67,7 @@ impl Default for ControllerConfig {
             raft_log_segment_bytes: 8 * 1024 * 1024,
             metadata_history_max: 10_000,
             write_timeout_ms: 10_000,
+            leader_imbalance_check_interval_ms: 30_000,
         }
     }
 }
@@ -159,6 +163,17 @@ pub struct BrokerConfig {
     pub registration_timeout_ms: u64,
     /// How long a controlled shutdown may take before the broker stops anyway (ms).
     pub controlled_shutdown_timeout_ms: u64,
+    /// A follower that has not caught up with its leader for this long leaves the ISR (ms;
+    /// Kafka's `replica.lag.time.max.ms`).
+    pub replica_lag_time_max_ms: u64,
+    /// Longest a follower's fetch waits at the leader when there is nothing new (ms).
+    pub replica_fetch_wait_max_ms: u64,
+    /// Most bytes per partition in one follower fetch.
+    pub replica_fetch_max_bytes: usize,
+    /// Most bytes in one follower fetch response.
+    pub replica_fetch_response_max_bytes: usize,
+    /// How often retention (`retention.ms`, `retention.bytes`) runs over every partition (ms).
+    pub log_retention_check_interval_ms: u64,
 }
 
 impl Default for BrokerConfig {
@@ -177,6 +192,11 @@ impl Default for BrokerConfig {
             fetch_max_bytes: 50 * 1024 * 1024,
             registration_timeout_ms: 60_000,
             controlled_shutdown_timeout_ms: 10_000,
+            replica_lag_time_max_ms: 30_000,
+            replica_fetch_wait_max_ms: 500,
+            replica_fetch_max_bytes: 4 * 1024 * 1024,
+            replica_fetch_response_max_bytes: 16 * 1024 * 1024,
+            log_retention_check_interval_ms: 300_000,
         }
     }
 }
@@ -202,6 +222,23 @@ impl BrokerConfig {
                 "fetch_max_bytes must be at least 1024, got {}",
                 self.fetch_max_bytes
             ));
+        }
+        if self.replica_lag_time_max_ms < 100 {
+            return bad(format!(
+                "replica_lag_time_max_ms must be at least 100, got {}",
+                self.replica_lag_time_max_ms
+            ));
+        }
+        if self.replica_fetch_max_bytes < 1024
+            || self.replica_fetch_response_max_bytes < self.replica_fetch_max_bytes
+        {
+            return bad(format!(
+                "replica_fetch_max_bytes must be at least 1024 and at most replica_fetch_response_max_bytes, got {} and {}",
+                self.replica_fetch_max_bytes, self.replica_fetch_response_max_bytes
+            ));
+        }
+        if self.log_retention_check_interval_ms == 0 {
+            return bad("log_retention_check_interval_ms must be at least 1".to_owned());
         }
         Ok(())
     }

@@ -71,6 +71,8 @@ error_codes! {
     KafkaStorageError = "KAFKA_STORAGE_ERROR", true, "A disk failure took the replica offline.";
     InvalidReplicaAssignment = "INVALID_REPLICA_ASSIGNMENT", false, "An explicit replica assignment names unknown brokers or repeats one.";
     ClusterNotReady = "CLUSTER_NOT_READY", true, "The controller quorum has not finished starting (no leader or no cluster id yet).";
+    NotEnoughReplicasAfterAppend = "NOT_ENOUGH_REPLICAS_AFTER_APPEND", true, "The records were written, but the ISR shrank below min.insync.replicas before they were committed; a retry may write them twice.";
+    UnknownLeaderEpoch = "UNKNOWN_LEADER_EPOCH", true, "The leader epoch is newer than this broker knows: its metadata is behind; retry.";
 }
 
 impl fmt::Display for ErrorCode {

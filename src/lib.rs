@@ -5,6 +5,7 @@
 //! - [`segment`]: one segment's `.log`, `.index` and `.timeindex` files;
 //! - [`partition`]: one partition's log: segments, offsets, roll, retention, truncation,
 //!   recovery, leader epochs, flushing;
+//! - [`replication`]: leaders, followers, high watermark and ISR (Kafka's protocol);
 //! - [`controller`]: the Raft quorum holding cluster metadata;
 //! - [`api`]: the gRPC services and their proto types;
 //! - [`cli`]: the command-line tools.
@@ -18,6 +19,7 @@ pub mod controller;
 pub mod error_code;
 pub mod partition;
 pub mod record;
+pub mod replication;
 pub mod roles;
 pub mod segment;
 pub mod topic_config;

@@ -691,6 +691,7 @@ async fn raft_log_stays_bounded_by_the_snapshot_policy() {
                             partitions: None,
                             set_config: [("retention.ms".to_owned(), value)].into(),
                             delete_config: vec![],
+                            reassignments: vec![],
                         })
                         .await
                         .expect("alter");

@@ -17,12 +17,15 @@ use super::proto::controller_client::ControllerClient;
 use super::proto::{
     AlterTopicRequest, AlterTopicResponse, BrokerStatus, ControllerStatus, CreateTopicRequest,
     CreateTopicResponse, DeleteTopicRequest, DeleteTopicResponse, DescribeClusterRequest,
-    DescribeClusterResponse, DescribeTopicsRequest, DescribeTopicsResponse, ListTopicsRequest,
-    ListTopicsResponse, NodeStatusRequest, TopicDescription, TopicSummary,
+    DescribeClusterResponse, DescribeTopicsRequest, DescribeTopicsResponse, ElectLeadersRequest,
+    ElectLeadersResponse, ListTopicsRequest, ListTopicsResponse, NodeStatusRequest,
+    TopicDescription, TopicSummary,
 };
+use crate::controller::command::Reassignment;
 use crate::controller::node::{NewTopic, TopicAlteration};
 use crate::controller::{ControllerError, ControllerNode};
 use crate::error_code::ErrorCode;
+use crate::types::BrokerId;
 
 /// How long `cluster describe` waits for each peer's status.
 const PEER_STATUS_TIMEOUT: Duration = Duration::from_secs(1);
@@ -241,10 +244,33 @@ impl Admin for ControllerAdminService {
                 partitions: r.partitions,
                 set_config: r.set_config,
                 delete_config: r.delete_config,
+                reassignments: r
+                    .reassignments
+                    .iter()
+                    .map(|a| Reassignment {
+                        partition: a.partition,
+                        replicas: a.replicas.iter().map(|&b| BrokerId(b)).collect(),
+                    })
+                    .collect(),
             })
             .await?;
         Ok(Response::new(AlterTopicResponse {
             topic: Some(convert::topic_to_proto(&topic)),
+            metadata_version,
+        }))
+    }
+
+    async fn elect_leaders(
+        &self,
+        request: Request<ElectLeadersRequest>,
+    ) -> Result<Response<ElectLeadersResponse>, Status> {
+        forward_to_leader!(self, request, elect_leaders, catch_up);
+        let (elected, metadata_version) = self
+            .node
+            .elect_preferred_leaders(request.into_inner().topics)
+            .await?;
+        Ok(Response::new(ElectLeadersResponse {
+            elected: elected as u32,
             metadata_version,
         }))
     }

@@ -10,8 +10,8 @@ use super::proto::admin_server::Admin;
 use super::proto::{
     AlterTopicRequest, AlterTopicResponse, CreateTopicRequest, CreateTopicResponse,
     DeleteTopicRequest, DeleteTopicResponse, DescribeClusterRequest, DescribeClusterResponse,
-    DescribeTopicsRequest, DescribeTopicsResponse, ListTopicsRequest, ListTopicsResponse,
-    PartitionOffsets,
+    DescribeTopicsRequest, DescribeTopicsResponse, ElectLeadersRequest, ElectLeadersResponse,
+    ListTopicsRequest, ListTopicsResponse, PartitionOffsets,
 };
 use super::status::error_status;
 use crate::broker::BrokerNode;
@@ -136,6 +136,16 @@ impl Admin for BrokerAdminService {
     ) -> Result<Response<AlterTopicResponse>, Status> {
         let r = request.into_inner();
         let response = via_backend!(self, alter_topic, r.clone(), c => c.alter_topic(r.clone()));
+        Ok(Response::new(response))
+    }
+
+    async fn elect_leaders(
+        &self,
+        request: Request<ElectLeadersRequest>,
+    ) -> Result<Response<ElectLeadersResponse>, Status> {
+        let r = request.into_inner();
+        let response =
+            via_backend!(self, elect_leaders, r.clone(), c => c.elect_leaders(r.topics.clone()));
         Ok(Response::new(response))
     }
 

@@ -16,13 +16,15 @@ use super::proto::{
     ProduceRequest, ProduceResponse, TopicProduceResponse,
 };
 use super::status::{error_status, to_wire};
-use crate::broker::node::{FetchTarget, OffsetQuery};
+use crate::broker::node::{Acks, FetchTarget, OffsetQuery};
 use crate::broker::{BrokerError, BrokerNode};
 use crate::client::AdminClient;
 use crate::error_code::ErrorCode;
 use crate::partition::MAX_UNCOMPRESSED_BATCH_BYTES;
 use crate::record::{decode_data_records, BatchBuilder, Compression, RecordRef};
-use crate::topic_config::TopicConfig;
+
+/// How long an acks=all produce waits for replication when the request gives no timeout.
+const PRODUCE_TIMEOUT_DEFAULT_MS: u64 = 30_000;
 
 /// Default fetch response bound when the request gives none.
 const FETCH_BYTES_DEFAULT: usize = 50 * 1024 * 1024;
@@ -182,39 +184,58 @@ impl Broker for BrokerService {
                 None,
             ));
         }
-        let mut topics = Vec::with_capacity(r.topics.len());
+        let timeout = Duration::from_millis(if r.timeout_ms == 0 {
+            PRODUCE_TIMEOUT_DEFAULT_MS
+        } else {
+            u64::from(r.timeout_ms)
+        });
+        // Every partition at once: acks=all waits overlap instead of adding up.
+        let mut pending = Vec::new();
         for t in &r.topics {
-            let mut partitions = Vec::with_capacity(t.partitions.len());
             for p in &t.partitions {
-                let outcome = match encode_records(p) {
-                    Ok(bytes) => self.produce_one(&t.topic, p.partition, bytes, r.acks).await,
-                    Err(e) => Err(e),
-                };
-                partitions.push(match outcome {
-                    Ok((base, start)) => PartitionProduceResponse {
-                        partition: p.partition,
-                        base_offset: base,
-                        log_start_offset: start,
-                        ..Default::default()
-                    },
-                    Err(e) => {
-                        let (leader_id, leader_address) = leader_fields(&e);
-                        PartitionProduceResponse {
-                            partition: p.partition,
-                            error_code: to_wire(e.code),
-                            error_message: e.message,
-                            base_offset: -1,
-                            log_start_offset: -1,
-                            leader_id,
-                            leader_address,
+                let topic = t.topic.as_str();
+                pending.push(async move {
+                    let outcome = match encode_records(p) {
+                        Ok(bytes) => {
+                            self.produce_one(topic, p.partition, bytes, r.acks, timeout)
+                                .await
                         }
-                    }
+                        Err(e) => Err(e),
+                    };
+                    (topic, p.partition, outcome)
                 });
             }
-            topics.push(TopicProduceResponse {
-                topic: t.topic.clone(),
-                partitions,
-            });
+        }
+        let outcomes = futures_util::future::join_all(pending).await;
+        let mut topics: Vec<TopicProduceResponse> = Vec::with_capacity(r.topics.len());
+        for (topic, partition, outcome) in outcomes {
+            let response = match outcome {
+                Ok((base, start)) => PartitionProduceResponse {
+                    partition,
+                    base_offset: base,
+                    log_start_offset: start,
+                    ..Default::default()
+                },
+                Err(e) => {
+                    let (leader_id, leader_address) = leader_fields(&e);
+                    PartitionProduceResponse {
+                        partition,
+                        error_code: to_wire(e.code),
+                        error_message: e.message,
+                        base_offset: -1,
+                        log_start_offset: -1,
+                        leader_id,
+                        leader_address,
+                    }
+                }
+            };
+            match topics.last_mut() {
+                Some(last) if last.topic == topic => last.partitions.push(response),
+                _ => topics.push(TopicProduceResponse {
+                    topic: topic.to_owned(),
+                    partitions: vec![response],
+                }),
+            }
         }
         Ok(Response::new(ProduceResponse { topics }))
     }
@@ -432,36 +453,28 @@ impl BrokerService {
         partition: u32,
         bytes: Vec<u8>,
         acks: i32,
+        timeout: Duration,
     ) -> Result<(i64, i64), BrokerError> {
-        let (_, _, isr_len) = self.node.leader_partition(topic, partition)?;
-        if acks == -1 {
-            let min_isr = self
-                .node
-                .metadata()
-                .topic(topic)
-                .and_then(|t| {
-                    TopicConfig::from_pairs(t.config.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-                        .ok()
-                })
-                .map_or(1, |c| c.min_insync_replicas);
-            if isr_len < min_isr as usize {
-                return Err(BrokerError::new(
-                    ErrorCode::NotEnoughReplicas,
-                    format!("{topic}-{partition}: {isr_len} in-sync replicas, min.insync.replicas is {min_isr}"),
-                ));
-            }
-        }
         if acks == 0 {
+            // Checked now so a misdirected acks=0 produce is at least logged.
+            self.node.leader_partition(topic, partition)?;
             let node = self.node.clone();
             let (topic, owned) = (topic.to_owned(), bytes);
             tokio::spawn(async move {
-                if let Err(e) = node.produce(&topic, partition, owned).await {
+                if let Err(e) = node
+                    .produce(&topic, partition, owned, Acks::Leader, timeout)
+                    .await
+                {
                     tracing::debug!(error = %e, "acks=0 produce failed");
                 }
             });
             return Ok((-1, -1));
         }
-        let produced = self.node.produce(topic, partition, bytes).await?;
+        let acks = if acks == -1 { Acks::All } else { Acks::Leader };
+        let produced = self
+            .node
+            .produce(topic, partition, bytes, acks, timeout)
+            .await?;
         Ok((
             produced.base_offset.as_i64(),
             produced.log_start_offset.as_i64(),

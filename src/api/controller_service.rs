@@ -161,6 +161,8 @@ impl Controller for ControllerService {
             in_controlled_shutdown: outcome.in_controlled_shutdown,
             should_shut_down: outcome.should_shut_down,
             metadata_version: outcome.metadata_version,
+            session_timeout_ms: u32::try_from(outcome.session_timeout.as_millis())
+                .unwrap_or(u32::MAX),
         }))
     }
 

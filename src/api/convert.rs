@@ -23,6 +23,8 @@ pub fn partition_to_proto(p: &PartitionRecord) -> proto::PartitionState {
         replicas: ids(&p.replicas),
         isr: ids(&p.isr),
         partition_epoch: p.partition_epoch,
+        adding_replicas: ids(&p.adding_replicas),
+        removing_replicas: ids(&p.removing_replicas),
     }
 }
 
@@ -35,6 +37,8 @@ pub fn partition_from_proto(p: &proto::PartitionState) -> PartitionRecord {
         leader: p.leader.map(BrokerId),
         leader_epoch: p.leader_epoch,
         partition_epoch: p.partition_epoch,
+        adding_replicas: broker_ids(&p.adding_replicas),
+        removing_replicas: broker_ids(&p.removing_replicas),
     }
 }
 

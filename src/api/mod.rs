@@ -9,4 +9,5 @@ pub mod convert;
 pub mod forward;
 pub mod proto;
 pub mod raft_service;
+pub mod replication_service;
 pub mod status;

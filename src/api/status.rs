@@ -36,6 +36,8 @@ fn grpc_code(code: ErrorCode) -> Code {
         ErrorCode::NotController
         | ErrorCode::NotLeaderOrFollower
         | ErrorCode::NotEnoughReplicas
+        | ErrorCode::NotEnoughReplicasAfterAppend
+        | ErrorCode::UnknownLeaderEpoch
         | ErrorCode::ClusterNotReady
         | ErrorCode::KafkaStorageError => Code::Unavailable,
         ErrorCode::StaleBrokerEpoch

@@ -8,13 +8,17 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
+use super::lease::LeaderLease;
 use super::metadata_cache::MetadataCache;
 use super::partition_manager::PartitionManager;
+use super::replica_manager::ReplicaManager;
 use crate::api::convert;
-use crate::api::proto::{BrokerHeartbeatRequest, RegisterBrokerRequest};
+use crate::api::proto::{AlterPartitionRequest, BrokerHeartbeatRequest, RegisterBrokerRequest};
 use crate::client::controller::ControllerClient;
 use crate::client::ClientError;
+use crate::controller::model::PartitionRecord;
 use crate::error_code::ErrorCode;
+use crate::replication::IsrChange;
 use crate::types::BrokerId;
 
 /// How long one metadata long-poll waits for a change.
@@ -45,16 +49,21 @@ pub struct ControllerLink {
     heartbeat_interval: Duration,
     metadata: Arc<MetadataCache>,
     partitions: Arc<PartitionManager>,
+    replicas: Arc<ReplicaManager>,
+    lease: Arc<LeaderLease>,
 }
 
 impl ControllerLink {
-    /// A link through `controllers`.
+    /// A link through `controllers`. Metadata changes are applied to `partitions` (opened
+    /// and deleted) and then to `replicas` (roles); heartbeat answers renew `lease`.
     pub fn new(
         controllers: Vec<String>,
         identity: BrokerIdentity,
         heartbeat_interval: Duration,
         metadata: Arc<MetadataCache>,
         partitions: Arc<PartitionManager>,
+        replicas: Arc<ReplicaManager>,
+        lease: Arc<LeaderLease>,
     ) -> Self {
         Self {
             client: ControllerClient::new(controllers, Duration::from_secs(10)),
@@ -66,6 +75,8 @@ impl ControllerLink {
             heartbeat_interval,
             metadata,
             partitions,
+            replicas,
+            lease,
         }
     }
 
@@ -140,6 +151,34 @@ impl ControllerLink {
         for (partition, e) in failures {
             tracing::error!(%partition, error = %e, "cannot open partition");
         }
+        self.replicas.apply_metadata().await;
+    }
+
+    /// Asks the controllers to commit an ISR change; returns the partition as committed.
+    pub async fn alter_partition(
+        &self,
+        change: &IsrChange,
+    ) -> Result<PartitionRecord, ClientError> {
+        let response = self
+            .client
+            .alter_partition(AlterPartitionRequest {
+                broker_id: self.identity.id.0,
+                broker_epoch: self.epoch.load(Ordering::SeqCst),
+                topic: change.topic.clone(),
+                topic_id: change.topic_id.clone(),
+                partition: change.partition,
+                leader_epoch: change.leader_epoch.0,
+                partition_epoch: change.partition_epoch,
+                new_isr: change.new_isr.iter().map(|b| b.0).collect(),
+            })
+            .await?;
+        let Some(p) = response.partition else {
+            return Err(ClientError::new(
+                ErrorCode::UnknownServerError,
+                "AlterPartition answered without the partition",
+            ));
+        };
+        Ok(convert::partition_from_proto(&p))
     }
 
     async fn heartbeat(&self, want_shut_down: bool) -> Result<bool, ClientError> {
@@ -150,8 +189,15 @@ impl ControllerLink {
             want_fence: false,
             want_shut_down,
         };
+        let sent_at = Instant::now();
         match self.client.heartbeat(request).await {
             Ok(r) => {
+                self.lease.on_heartbeat(
+                    sent_at,
+                    r.fenced,
+                    r.metadata_version,
+                    Duration::from_millis(u64::from(r.session_timeout_ms)),
+                );
                 self.controller_version
                     .fetch_max(r.metadata_version, Ordering::SeqCst);
                 if self.fenced.swap(r.fenced, Ordering::SeqCst) != r.fenced {
@@ -167,6 +213,7 @@ impl ControllerLink {
             {
                 tracing::warn!(error = %e, "registration lost; registering again");
                 self.fenced.store(true, Ordering::SeqCst);
+                self.lease.revoke();
                 self.register(Instant::now() + Duration::from_secs(60))
                     .await?;
                 Ok(false)

@@ -3,6 +3,7 @@
 
 use crate::error_code::ErrorCode;
 use crate::partition::LogError;
+use crate::replication::ReplicaError;
 use crate::types::BrokerId;
 
 /// A failed broker operation.
@@ -29,17 +30,12 @@ impl BrokerError {
 
     /// A partition-log failure, classified.
     pub fn from_log(partition: &str, e: LogError) -> Self {
-        let code = match &e {
-            LogError::OffsetOutOfRange { .. } => ErrorCode::OffsetOutOfRange,
-            LogError::RecordTooLarge { .. } => ErrorCode::RecordTooLarge,
-            LogError::InvalidRecord { .. } => ErrorCode::CorruptMessage,
-            LogError::Corrupt { .. } => ErrorCode::CorruptMessage,
-            LogError::NonContiguousAppend { .. } => ErrorCode::InvalidRequest,
-            LogError::Config(_) => ErrorCode::InvalidConfig,
-            LogError::Offline { .. } | LogError::DirectoryLocked { .. } | LogError::Io { .. } => {
-                ErrorCode::KafkaStorageError
-            }
-        };
-        Self::new(code, format!("{partition}: {e}"))
+        ReplicaError::from_log(partition, e).into()
+    }
+}
+
+impl From<ReplicaError> for BrokerError {
+    fn from(e: ReplicaError) -> Self {
+        Self::new(e.code, e.message)
     }
 }

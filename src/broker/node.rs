@@ -4,11 +4,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio::sync::mpsc;
+
 use super::error::BrokerError;
+use super::lease::LeaderLease;
 use super::metadata_cache::MetadataCache;
 use super::partition_manager::{LocalPartition, PartitionManager};
 use crate::error_code::ErrorCode;
 use crate::partition::{FetchData, Isolation};
+use crate::replication::IsrChange;
+use crate::topic_config::TopicConfig;
 use crate::types::{BrokerId, LeaderEpoch, Offset};
 
 /// Limits of the broker's request handling.
@@ -38,6 +43,15 @@ pub struct Produced {
     pub log_start_offset: Offset,
 }
 
+/// How many replicas must hold a produce before it is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Acks {
+    /// The leader's log (acks=1).
+    Leader,
+    /// Every in-sync replica: the high watermark passed the records (acks=all, -1).
+    All,
+}
+
 /// One partition of a fetch.
 #[derive(Debug, Clone)]
 pub struct FetchTarget {
@@ -62,6 +76,28 @@ pub enum OffsetQuery {
     Timestamp(i64),
 }
 
+/// One partition of a follower's fetch.
+#[derive(Debug, Clone)]
+pub struct ReplicaFetchTarget {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: u32,
+    /// The leader epoch the follower believes current.
+    pub leader_epoch: LeaderEpoch,
+    /// The follower's log end.
+    pub fetch_offset: u64,
+    /// Most bytes for this partition.
+    pub max_bytes: usize,
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
 /// A running broker's request handling; cheap to clone (shared state behind `Arc`s).
 #[derive(Clone)]
 pub struct BrokerNode {
@@ -69,21 +105,28 @@ pub struct BrokerNode {
     metadata: Arc<MetadataCache>,
     partitions: Arc<PartitionManager>,
     limits: BrokerLimits,
+    lease: Arc<LeaderLease>,
+    isr_changes: mpsc::UnboundedSender<IsrChange>,
 }
 
 impl BrokerNode {
-    /// A broker `id` serving `partitions` as `metadata` says.
+    /// A broker `id` serving `partitions` as `metadata` says. ISR changes its leaders
+    /// decide go to `isr_changes`; `lease` says whether it may accept writes.
     pub fn new(
         id: BrokerId,
         metadata: Arc<MetadataCache>,
         partitions: Arc<PartitionManager>,
         limits: BrokerLimits,
+        lease: Arc<LeaderLease>,
+        isr_changes: mpsc::UnboundedSender<IsrChange>,
     ) -> Self {
         Self {
             id,
             metadata,
             partitions,
             limits,
+            lease,
+            isr_changes,
         }
     }
 
@@ -102,12 +145,12 @@ impl BrokerNode {
         &self.partitions
     }
 
-    /// The local partition if this broker leads it now, with the leader epoch.
+    /// The local partition if this broker leads it now, with the epoch it leads.
     pub fn leader_partition(
         &self,
         topic: &str,
         partition: u32,
-    ) -> Result<(Arc<LocalPartition>, LeaderEpoch, usize), BrokerError> {
+    ) -> Result<(Arc<LocalPartition>, LeaderEpoch), BrokerError> {
         let Some((_, p)) = self.metadata.partition(topic, partition) else {
             let message = match self.metadata.topic(topic) {
                 Some(t) => format!(
@@ -137,64 +180,97 @@ impl BrokerNode {
                 .and_then(|l| Some((l, self.metadata.broker_address(l)?)));
             return Err(e);
         }
-        let Some(local) = self.partitions.get(topic, partition) else {
-            return Err(BrokerError::new(
+        let local = self.partitions.get(topic, partition);
+        match local.as_ref().and_then(|l| l.leader_epoch()) {
+            Some(epoch) if epoch.0 == p.leader_epoch => Ok((local.expect("checked"), epoch)),
+            _ => Err(BrokerError::new(
                 ErrorCode::NotLeaderOrFollower,
-                format!("{topic}-{partition} is not open on broker {} yet", self.id),
-            ));
-        };
-        Ok((local, LeaderEpoch(p.leader_epoch), p.isr.len()))
+                format!(
+                    "{topic}-{partition}: broker {} is taking over leader epoch {} (not ready yet)",
+                    self.id, p.leader_epoch
+                ),
+            )),
+        }
     }
 
-    /// Appends encoded batches to a partition this broker leads.
+    fn topic_config(&self, topic: &str) -> TopicConfig {
+        self.metadata
+            .topic(topic)
+            .and_then(|t| {
+                TopicConfig::from_pairs(t.config.iter().map(|(k, v)| (k.as_str(), v.as_str()))).ok()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Appends encoded batches to a partition this broker leads. With [`Acks::All`] it
+    /// first checks the ISR against `min.insync.replicas` (writing nothing when it is too
+    /// small) and then waits, up to `timeout`, until every in-sync replica holds them.
     pub async fn produce(
         &self,
         topic: &str,
         partition: u32,
         mut batches: Vec<u8>,
+        acks: Acks,
+        timeout: Duration,
     ) -> Result<Produced, BrokerError> {
-        let (local, epoch, isr_len) = self.leader_partition(topic, partition)?;
-        let partitions = self.partitions.clone();
-        let result = tokio::task::spawn_blocking(move || {
-            let info = local.log.append_as_leader(&mut batches, epoch);
-            let info = info.map_err(|e| BrokerError::from_log(&local.name(), e))?;
-            if isr_len <= 1 {
-                partitions.advance_single_replica_high_watermark(&local);
-            }
-            Ok(Produced {
-                base_offset: info.first_offset,
-                log_start_offset: local.log.log_start_offset(),
-            })
-        })
-        .await
-        .map_err(|e| {
-            BrokerError::new(ErrorCode::UnknownServerError, format!("append task: {e}"))
-        })?;
-        if result.is_ok() {
-            self.partitions.notify_appended();
+        let (local, epoch) = self.leader_partition(topic, partition)?;
+        if let Err(why) = self.lease.check(self.metadata.version()) {
+            return Err(BrokerError::new(
+                ErrorCode::NotLeaderOrFollower,
+                format!("{topic}-{partition}: {why}; refusing writes"),
+            ));
         }
-        result
+        let min_isr = self.topic_config(topic).min_insync_replicas as usize;
+        if acks == Acks::All {
+            let isr = local.isr_size(epoch).unwrap_or(0);
+            if isr < min_isr {
+                return Err(BrokerError::new(
+                    ErrorCode::NotEnoughReplicas,
+                    format!("{topic}-{partition}: {isr} in-sync replicas, min.insync.replicas is {min_isr}; nothing was written"),
+                ));
+            }
+        }
+        let target = local.clone();
+        let info =
+            tokio::task::spawn_blocking(move || target.append_as_leader(&mut batches, epoch))
+                .await
+                .map_err(|e| {
+                    BrokerError::new(ErrorCode::UnknownServerError, format!("append task: {e}"))
+                })??;
+        self.partitions.notify_appended();
+        if acks == Acks::All {
+            local
+                .wait_committed(epoch, info.last_offset.plus(1), min_isr, timeout)
+                .await?;
+        }
+        Ok(Produced {
+            base_offset: info.first_offset,
+            log_start_offset: local.log.log_start_offset(),
+        })
     }
 
     fn read_one(&self, target: &FetchTarget) -> Result<FetchData, BrokerError> {
-        let (local, _, _) = self.leader_partition(&target.topic, target.partition)?;
+        let (local, _) = self.leader_partition(&target.topic, target.partition)?;
         let hw = local.log.high_watermark();
-        if target.offset == hw.0 {
-            // Nothing new yet: not an error (a consumer waiting at the end).
+        let end = local.log.log_end_offset();
+        if target.offset >= hw.0 && target.offset <= end.0 {
+            // Nothing committed there yet: not an error (a consumer waiting at the end, or
+            // a new leader whose high watermark has not caught up with the old one's).
             return Ok(FetchData {
                 records: bytes::Bytes::new(),
                 high_watermark: hw,
                 log_start_offset: local.log.log_start_offset(),
-                log_end_offset: local.log.log_end_offset(),
+                log_end_offset: end,
             });
         }
-        if target.offset > hw.0 {
+        if target.offset > end.0 {
             return Err(BrokerError::new(
                 ErrorCode::OffsetOutOfRange,
                 format!(
-                    "{}: offset {} is beyond the high watermark {} (log start {})",
+                    "{}: offset {} is beyond the log end {} (high watermark {}, log start {})",
                     local.name(),
                     target.offset,
+                    end.0,
                     hw.0,
                     local.log.log_start_offset().0
                 ),
@@ -262,6 +338,146 @@ impl BrokerNode {
             })
     }
 
+    /// Serves a follower's fetch: records each partition's fetch offset as the follower's
+    /// progress (which may advance the high watermark or call for an ISR expansion), and
+    /// reads up to the log end. Waits up to `max_wait` when there is nothing new.
+    pub async fn replica_fetch(
+        &self,
+        follower: BrokerId,
+        targets: Vec<ReplicaFetchTarget>,
+        max_wait: Duration,
+        max_bytes: usize,
+    ) -> Vec<Result<FetchData, BrokerError>> {
+        let deadline = Instant::now() + max_wait.min(self.limits.fetch_wait_max);
+        let max_bytes = max_bytes.clamp(1, self.limits.fetch_bytes_max);
+        let mut appended = self.partitions.subscribe_appends();
+        loop {
+            appended.borrow_and_update();
+            let this = self.clone();
+            let batch = targets.clone();
+            let (results, changes) = tokio::task::spawn_blocking(move || {
+                this.replica_read_all(follower, &batch, max_bytes)
+            })
+            .await
+            .unwrap_or_else(|e| {
+                let error =
+                    BrokerError::new(ErrorCode::UnknownServerError, format!("read task: {e}"));
+                (vec![Err(error); targets.len()], Vec::new())
+            });
+            let mut advanced = false;
+            for change in changes {
+                advanced |= change.1;
+                if let Some(change) = change.0 {
+                    let _ = self.isr_changes.send(change);
+                }
+            }
+            if advanced {
+                // Consumers wait for the high watermark as for appends.
+                self.partitions.notify_appended();
+            }
+            let total: usize = results
+                .iter()
+                .map(|r| r.as_ref().map_or(1, |d| d.records.len()))
+                .sum();
+            if total > 0 || Instant::now() >= deadline {
+                return results;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            let _ = tokio::time::timeout(left, appended.changed()).await;
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn replica_read_all(
+        &self,
+        follower: BrokerId,
+        targets: &[ReplicaFetchTarget],
+        max_bytes: usize,
+    ) -> (
+        Vec<Result<FetchData, BrokerError>>,
+        Vec<(Option<IsrChange>, bool)>,
+    ) {
+        let mut budget = max_bytes;
+        let mut changes = Vec::new();
+        let results = targets
+            .iter()
+            .map(|t| {
+                let Some(local) = self.partitions.get(&t.topic, t.partition) else {
+                    return Err(BrokerError::new(
+                        ErrorCode::NotLeaderOrFollower,
+                        format!(
+                            "{}-{}: not stored on broker {}",
+                            t.topic, t.partition, self.id
+                        ),
+                    ));
+                };
+                let end = local.log.log_end_offset();
+                let start = local.log.log_start_offset();
+                if t.fetch_offset > end.0 || t.fetch_offset < start.0 {
+                    local.check_follower_fetch(follower, t.leader_epoch)?;
+                    return Err(BrokerError::new(
+                        ErrorCode::OffsetOutOfRange,
+                        format!(
+                            "{}: fetch offset {} is outside the leader's log [{}, {}]",
+                            local.name(),
+                            t.fetch_offset,
+                            start.0,
+                            end.0
+                        ),
+                    ));
+                }
+                let hw_before = local.log.high_watermark();
+                let change = local.record_follower_fetch(
+                    follower,
+                    t.leader_epoch,
+                    Offset(t.fetch_offset),
+                    now_ms(),
+                )?;
+                changes.push((change, local.log.high_watermark() > hw_before));
+                let data = if t.fetch_offset == end.0 {
+                    FetchData {
+                        records: bytes::Bytes::new(),
+                        high_watermark: local.log.high_watermark(),
+                        log_start_offset: start,
+                        log_end_offset: end,
+                    }
+                } else {
+                    local
+                        .log
+                        .read(
+                            Offset(t.fetch_offset),
+                            t.max_bytes.min(budget).max(1),
+                            Isolation::LogEnd,
+                        )
+                        .map_err(|e| BrokerError::from_log(&local.name(), e))?
+                };
+                budget = budget.saturating_sub(data.records.len());
+                Ok(data)
+            })
+            .collect();
+        (results, changes)
+    }
+
+    /// Where `epoch` ends in the log of a partition this broker leads in `current_epoch`
+    /// (OffsetsForLeaderEpoch): the largest epoch `<= epoch` the log holds, and its end.
+    pub fn epoch_end_offset(
+        &self,
+        follower: BrokerId,
+        topic: &str,
+        partition: u32,
+        current_epoch: LeaderEpoch,
+        epoch: LeaderEpoch,
+    ) -> Result<Option<(LeaderEpoch, Offset)>, BrokerError> {
+        let Some(local) = self.partitions.get(topic, partition) else {
+            return Err(BrokerError::new(
+                ErrorCode::NotLeaderOrFollower,
+                format!("{topic}-{partition}: not stored on broker {}", self.id),
+            ));
+        };
+        local.check_follower_fetch(follower, current_epoch)?;
+        Ok(local.log.end_offset_for_epoch(epoch))
+    }
+
     /// Earliest, latest or by-timestamp offset of a partition this broker leads.
     pub async fn list_offset(
         &self,
@@ -269,7 +485,7 @@ impl BrokerNode {
         partition: u32,
         query: OffsetQuery,
     ) -> Result<(i64, i64), BrokerError> {
-        let (local, _, _) = self.leader_partition(topic, partition)?;
+        let (local, _) = self.leader_partition(topic, partition)?;
         match query {
             OffsetQuery::Earliest => Ok((local.log.log_start_offset().as_i64(), -1)),
             OffsetQuery::Latest => Ok((local.log.high_watermark().as_i64(), -1)),

@@ -15,29 +15,12 @@ use tokio::sync::watch;
 
 use crate::controller::model::MetadataImage;
 use crate::partition::{Clock, LogError, PartitionLog, SystemClock};
+use crate::replication::fetcher::PartitionLookup;
+pub use crate::replication::LocalPartition;
 use crate::topic_config::TopicConfig;
-use crate::types::{BrokerId, Offset};
+use crate::types::BrokerId;
 
 const TOPIC_ID_FILE: &str = "partition.metadata";
-
-/// One partition stored here.
-pub struct LocalPartition {
-    /// The topic's name.
-    pub topic: String,
-    /// The topic's id.
-    pub topic_id: String,
-    /// The partition number.
-    pub partition: u32,
-    /// Its log.
-    pub log: PartitionLog,
-}
-
-impl LocalPartition {
-    /// `topic-partition`, for messages.
-    pub fn name(&self) -> String {
-        format!("{}-{}", self.topic, self.partition)
-    }
-}
 
 /// Partitions by (topic, partition).
 pub struct PartitionManager {
@@ -177,12 +160,7 @@ impl PartitionManager {
             })?;
         }
         tracing::info!(partition = %format!("{topic}-{partition}"), log_end_offset = log.log_end_offset().0, "partition opened");
-        Ok(LocalPartition {
-            topic: topic.to_owned(),
-            topic_id: topic_id.to_owned(),
-            partition,
-            log,
-        })
+        Ok(LocalPartition::new(topic, topic_id, partition, log))
     }
 
     /// Deletes partition directories whose topic no longer exists.
@@ -217,11 +195,6 @@ impl PartitionManager {
         }
     }
 
-    /// For single-replica partitions this broker leads, the high watermark is the log end.
-    pub fn advance_single_replica_high_watermark(&self, lp: &LocalPartition) -> Offset {
-        lp.log.set_high_watermark(lp.log.log_end_offset())
-    }
-
     /// Closes every partition cleanly (flush, checkpoints, clean-shutdown marker).
     pub fn close_all(&self) {
         let all: Vec<Arc<LocalPartition>> =
@@ -241,6 +214,12 @@ impl PartitionManager {
                 }
             }
         }
+    }
+}
+
+impl PartitionLookup for PartitionManager {
+    fn partition(&self, topic: &str, partition: u32) -> Option<Arc<LocalPartition>> {
+        self.get(topic, partition)
     }
 }
 

@@ -4,7 +4,7 @@ use serde_json::{json, Value};
 
 use super::client_args::{block_on, parse_pairs, ClientArgs};
 use super::{CliError, OutputFormat};
-use crate::api::proto::{AlterTopicRequest, TopicDescription, TopicState};
+use crate::api::proto::{AlterTopicRequest, PartitionReassignment, TopicDescription, TopicState};
 use crate::client::AdminClient;
 
 /// `tidelog topics ...`.
@@ -55,6 +55,18 @@ enum TopicsCommand {
         /// A setting to remove, back to its default (repeatable).
         #[arg(long = "delete-config")]
         delete_config: Vec<String>,
+        /// Move a partition to other brokers, PARTITION=BROKER,BROKER,... with the
+        /// preferred leader first (repeatable). The new replicas catch up and join the ISR,
+        /// then the others are removed.
+        #[arg(long = "reassign", value_name = "P=B1,B2,...")]
+        reassign: Vec<String>,
+    },
+    /// Hand each partition's leadership back to its preferred (first) replica where that
+    /// replica is alive and in sync.
+    ElectLeaders {
+        /// The topic (default: every topic).
+        #[arg(long)]
+        topic: Option<String>,
     },
     /// Delete a topic and its data.
     Delete {
@@ -106,30 +118,51 @@ pub fn run(args: &TopicsArgs) -> Result<(), CliError> {
             }
             TopicsCommand::Describe { topic } => {
                 let names = topic.iter().cloned().collect();
-                let r = client.describe_topics(names).await?;
-                print_descriptions(output, &r.topics);
+                let topics = client.describe_topics_with_offsets(names).await?;
+                print_descriptions(output, &topics);
             }
             TopicsCommand::Alter {
                 topic,
                 partitions,
                 config,
                 delete_config,
+                reassign,
             } => {
-                if partitions.is_none() && config.is_empty() && delete_config.is_empty() {
+                if partitions.is_none()
+                    && config.is_empty()
+                    && delete_config.is_empty()
+                    && reassign.is_empty()
+                {
                     return Err(CliError::new(
                         "INVALID_REQUEST",
-                        "nothing to alter: give --partitions, --config or --delete-config",
+                        "nothing to alter: give --partitions, --config, --delete-config or --reassign",
                     ));
                 }
+                let reassignments = reassign
+                    .iter()
+                    .map(|r| parse_reassignment(r))
+                    .collect::<Result<Vec<_>, _>>()?;
                 let r = client
                     .alter_topic(AlterTopicRequest {
                         name: topic.clone(),
                         partitions: *partitions,
                         set_config: parse_pairs("--config", config)?,
                         delete_config: delete_config.clone(),
+                        reassignments,
                     })
                     .await?;
                 print_summary(output, "Altered", &r.topic.unwrap_or_default());
+            }
+            TopicsCommand::ElectLeaders { topic } => {
+                let r = client
+                    .elect_leaders(topic.iter().cloned().collect())
+                    .await?;
+                match output {
+                    OutputFormat::Json => println!("{}", json!({"elected": r.elected})),
+                    OutputFormat::Table => {
+                        println!("Preferred leader elected for {} partition(s).", r.elected)
+                    }
+                }
             }
             TopicsCommand::Delete { topic } => {
                 client.delete_topic(topic).await?;
@@ -157,6 +190,35 @@ fn print_summary(output: OutputFormat, verb: &str, t: &TopicState) {
             t.replication_factor
         ),
     }
+}
+
+/// Parses `P=B1,B2,...`.
+fn parse_reassignment(text: &str) -> Result<PartitionReassignment, CliError> {
+    let bad = |why: &str| {
+        CliError::new(
+            "INVALID_REQUEST",
+            format!(
+                "--reassign '{text}': {why}; expected PARTITION=BROKER,BROKER,... e.g. 0=1,2,3"
+            ),
+        )
+    };
+    let (partition, brokers) = text.split_once('=').ok_or_else(|| bad("no '='"))?;
+    let partition = partition
+        .trim()
+        .parse::<u32>()
+        .map_err(|_| bad("the partition is not a number >= 0"))?;
+    let replicas = brokers
+        .split(',')
+        .map(|b| b.trim().parse::<i32>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| bad("a broker id is not a number"))?;
+    if replicas.is_empty() || replicas.iter().any(|b| *b < 0) {
+        return Err(bad("broker ids must be >= 0"));
+    }
+    Ok(PartitionReassignment {
+        partition,
+        replicas,
+    })
 }
 
 fn ids(v: &[i32]) -> String {
@@ -201,6 +263,13 @@ pub fn print_descriptions(output: OutputFormat, topics: &[TopicDescription]) {
                         ids(&p.replicas),
                         ids(&p.isr)
                     );
+                    if !p.adding_replicas.is_empty() || !p.removing_replicas.is_empty() {
+                        line.push_str(&format!(
+                            "\tAdding: {}\tRemoving: {}",
+                            ids(&p.adding_replicas),
+                            ids(&p.removing_replicas)
+                        ));
+                    }
                     if let Some(o) = d.offsets.iter().find(|o| o.partition == p.partition) {
                         line.push_str(&format!(
                             "\tLogStart: {}\tHighWatermark: {}\tLogEnd: {}",
@@ -227,6 +296,8 @@ fn description_json(d: &TopicDescription) -> Value {
                 "leader_epoch": p.leader_epoch,
                 "replicas": p.replicas,
                 "isr": p.isr,
+                "adding_replicas": p.adding_replicas,
+                "removing_replicas": p.removing_replicas,
                 "log_start_offset": o.map(|o| o.log_start_offset),
                 "high_watermark": o.map(|o| o.high_watermark),
                 "log_end_offset": o.map(|o| o.log_end_offset),

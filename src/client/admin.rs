@@ -9,7 +9,8 @@ use crate::api::proto::admin_client::AdminClient as Grpc;
 use crate::api::proto::{
     AlterTopicRequest, AlterTopicResponse, CreateTopicRequest, CreateTopicResponse,
     DeleteTopicRequest, DescribeClusterRequest, DescribeClusterResponse, DescribeTopicsRequest,
-    DescribeTopicsResponse, ListTopicsRequest, ListTopicsResponse,
+    DescribeTopicsResponse, ElectLeadersRequest, ElectLeadersResponse, ListTopicsRequest,
+    ListTopicsResponse, TopicDescription,
 };
 use crate::error_code::ErrorCode;
 
@@ -100,6 +101,84 @@ impl AdminClient {
             .call_retrying("alter topic", retriable, |c| {
                 let r = request.clone();
                 async move { Grpc::new(c).alter_topic(r).await }
+            })
+            .await
+    }
+
+    /// Describes topics (all when `names` is empty) with each partition's log start, high
+    /// watermark and log end, asked of the broker that leads it.
+    pub async fn describe_topics_with_offsets(
+        &self,
+        names: Vec<String>,
+    ) -> Result<Vec<TopicDescription>, ClientError> {
+        let mut topics = self.describe_topics(names.clone()).await?.topics;
+        let mut leaders: BTreeMap<i32, Vec<String>> = BTreeMap::new();
+        for d in &topics {
+            let Some(t) = &d.topic else { continue };
+            for p in &t.partitions {
+                let known = d.offsets.iter().any(|o| o.partition == p.partition);
+                if let (false, Some(leader)) = (known, p.leader) {
+                    let list = leaders.entry(leader).or_default();
+                    if !list.contains(&t.name) {
+                        list.push(t.name.clone());
+                    }
+                }
+            }
+        }
+        if leaders.is_empty() {
+            return Ok(topics);
+        }
+        let Ok(cluster) = self.describe_cluster().await else {
+            return Ok(topics);
+        };
+        for (leader, names) in leaders {
+            let Some(b) = cluster
+                .brokers
+                .iter()
+                .filter_map(|b| b.broker.as_ref())
+                .find(|b| b.id == leader)
+            else {
+                continue;
+            };
+            let direct = AdminClient::new(vec![b.address.clone()], self.connection.timeout());
+            let Ok(answer) = direct.describe_topics(names).await else {
+                continue;
+            };
+            for theirs in answer.topics {
+                let Some(mine) = topics.iter_mut().find(|d| {
+                    d.topic.as_ref().map(|t| &t.name) == theirs.topic.as_ref().map(|t| &t.name)
+                }) else {
+                    continue;
+                };
+                let led: Vec<u32> = theirs
+                    .topic
+                    .iter()
+                    .flat_map(|t| &t.partitions)
+                    .filter(|p| p.leader == Some(leader))
+                    .map(|p| p.partition)
+                    .collect();
+                for o in theirs.offsets {
+                    if led.contains(&o.partition)
+                        && !mine.offsets.iter().any(|m| m.partition == o.partition)
+                    {
+                        mine.offsets.push(o);
+                    }
+                }
+            }
+        }
+        Ok(topics)
+    }
+
+    /// Preferred-leader election over `topics` (all when empty).
+    pub async fn elect_leaders(
+        &self,
+        topics: Vec<String>,
+    ) -> Result<ElectLeadersResponse, ClientError> {
+        let request = ElectLeadersRequest { topics };
+        self.connection
+            .call_retrying("elect leaders", retriable, |c| {
+                let r = request.clone();
+                async move { Grpc::new(c).elect_leaders(r).await }
             })
             .await
     }

@@ -47,6 +47,11 @@ pub fn parse_bootstrap(text: &str) -> Result<Vec<String>, ClientError> {
 }
 
 impl Connection {
+    /// How long calls may take.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// A connection to `bootstrap` whose calls give up after `timeout`.
     pub fn new(bootstrap: Vec<String>, timeout: Duration) -> Self {
         Self {

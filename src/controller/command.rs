@@ -100,6 +100,31 @@ pub enum MetadataCommand {
         /// The proposed ISR.
         new_isr: Vec<BrokerId>,
     },
+    /// Moves partitions to new replica sets: targets join as replicas, and once all of a
+    /// partition's targets are in its ISR the others leave.
+    ReassignPartitions {
+        /// The topic.
+        topic: String,
+        /// The topic's id.
+        topic_id: String,
+        /// The partitions to move.
+        reassignments: Vec<Reassignment>,
+    },
+    /// Hands leadership to each partition's preferred replica where it is live and in
+    /// sync (Kafka's preferred leader election).
+    ElectPreferredLeaders {
+        /// The topics to consider; empty for all.
+        topics: Vec<String>,
+    },
+}
+
+/// One partition's target replicas in a reassignment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reassignment {
+    /// The partition.
+    pub partition: u32,
+    /// Its target replicas, preferred leader first.
+    pub replicas: Vec<BrokerId>,
 }
 
 /// What an applied command produced.
@@ -111,6 +136,8 @@ pub enum CommandOutput {
     BrokerEpoch(u64),
     /// A partition's new state.
     Partition(PartitionRecord),
+    /// How many items the command changed.
+    Count(u64),
 }
 
 /// The result a command returns through Raft to the node that proposed it.

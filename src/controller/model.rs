@@ -78,6 +78,29 @@ pub struct PartitionRecord {
     pub leader_epoch: i32,
     /// Bumped on every change of leader or ISR.
     pub partition_epoch: i32,
+    /// During a reassignment: target replicas that are not replicas yet (they are in
+    /// `replicas` while they catch up).
+    #[serde(default)]
+    pub adding_replicas: Vec<BrokerId>,
+    /// During a reassignment: replicas that leave once every target replica is in sync.
+    #[serde(default)]
+    pub removing_replicas: Vec<BrokerId>,
+}
+
+impl PartitionRecord {
+    /// The replicas a reassignment in progress moves to (the replicas when none runs).
+    pub fn target_replicas(&self) -> Vec<BrokerId> {
+        self.replicas
+            .iter()
+            .copied()
+            .filter(|b| !self.removing_replicas.contains(b))
+            .collect()
+    }
+
+    /// True while a reassignment runs.
+    pub fn is_reassigning(&self) -> bool {
+        !self.adding_replicas.is_empty() || !self.removing_replicas.is_empty()
+    }
 }
 
 /// A topic.
@@ -140,6 +163,68 @@ pub struct MetadataImage {
     pub brokers: BTreeMap<BrokerId, BrokerRecord>,
     /// Topics by name.
     pub topics: BTreeMap<String, TopicRecord>,
+}
+
+/// Starts moving `p` to `target`: the targets become replicas (first, in order), the
+/// others are marked for removal.
+fn start_reassignment(p: &mut PartitionRecord, target: &[BrokerId]) {
+    let mut replicas = target.to_vec();
+    replicas.extend(p.replicas.iter().copied().filter(|b| !target.contains(b)));
+    p.removing_replicas = p
+        .replicas
+        .iter()
+        .copied()
+        .filter(|b| !target.contains(b))
+        .collect();
+    p.replicas = replicas;
+    p.adding_replicas = target
+        .iter()
+        .copied()
+        .filter(|b| !p.isr.contains(b))
+        .collect();
+}
+
+/// Finishes a reassignment once every target replica is in the ISR: the removed replicas
+/// leave the replica set and the ISR, and the leader moves to a target if it is leaving.
+fn advance_reassignment(p: &mut PartitionRecord, is_live: impl Fn(BrokerId) -> bool) {
+    if !p.is_reassigning() {
+        return;
+    }
+    let target = p.target_replicas();
+    p.adding_replicas = target
+        .iter()
+        .copied()
+        .filter(|b| !p.isr.contains(b))
+        .collect();
+    if !p.adding_replicas.is_empty() {
+        return;
+    }
+    let remaining_isr: Vec<BrokerId> = p
+        .isr
+        .iter()
+        .copied()
+        .filter(|b| target.contains(b))
+        .collect();
+    p.replicas = target;
+    p.removing_replicas.clear();
+    p.isr = remaining_isr;
+    if p.leader.is_some_and(|l| !p.replicas.contains(&l)) {
+        p.leader = match elect_leader(p, is_live, false) {
+            Election::Clean(b) => Some(b),
+            _ => None,
+        };
+    }
+}
+
+/// The preferred replica (the first target replica) when it should take over: it is live,
+/// in sync, and not the leader already.
+pub fn preferred_leader(
+    p: &PartitionRecord,
+    is_live: impl Fn(BrokerId) -> bool,
+) -> Option<BrokerId> {
+    let preferred = *p.target_replicas().first()?;
+    (p.leader != Some(preferred) && p.isr.contains(&preferred) && is_live(preferred))
+        .then_some(preferred)
 }
 
 fn reject(code: ErrorCode, message: impl Into<String>) -> Result<(), MetadataError> {
@@ -285,6 +370,73 @@ impl MetadataImage {
                 self.check_assignments(new_partitions, t.replication_factor)
             }
             MetadataCommand::DeleteTopic { name, id } => self.topic_with_id(name, id).map(|_| ()),
+            MetadataCommand::ReassignPartitions {
+                topic,
+                topic_id,
+                reassignments,
+            } => {
+                let t = self.topic_with_id(topic, topic_id)?;
+                if reassignments.is_empty() {
+                    return reject(ErrorCode::InvalidRequest, "no partition to reassign");
+                }
+                let mut seen = BTreeSet::new();
+                for r in reassignments {
+                    if t.partitions.get(r.partition as usize).is_none() {
+                        return reject(
+                            ErrorCode::UnknownTopicOrPartition,
+                            format!(
+                                "topic '{topic}' has {} partitions; there is no partition {}",
+                                t.partitions.len(),
+                                r.partition
+                            ),
+                        );
+                    }
+                    if !seen.insert(r.partition) {
+                        return reject(
+                            ErrorCode::InvalidRequest,
+                            format!("partition {} is reassigned twice", r.partition),
+                        );
+                    }
+                    if r.replicas.is_empty() {
+                        return reject(
+                            ErrorCode::InvalidReplicaAssignment,
+                            format!(
+                                "partition {}: the target replica list is empty",
+                                r.partition
+                            ),
+                        );
+                    }
+                    let distinct: BTreeSet<_> = r.replicas.iter().collect();
+                    if distinct.len() != r.replicas.len() {
+                        return reject(
+                            ErrorCode::InvalidReplicaAssignment,
+                            format!(
+                                "partition {}: the target replicas repeat a broker: {:?}",
+                                r.partition,
+                                r.replicas.iter().map(|b| b.0).collect::<Vec<_>>()
+                            ),
+                        );
+                    }
+                    if let Some(b) = r.replicas.iter().find(|b| !self.brokers.contains_key(b)) {
+                        return reject(
+                            ErrorCode::InvalidReplicaAssignment,
+                            format!("partition {}: broker {b} is not registered", r.partition),
+                        );
+                    }
+                }
+                Ok(())
+            }
+            MetadataCommand::ElectPreferredLeaders { topics } => {
+                for name in topics {
+                    if !self.topics.contains_key(name) {
+                        return reject(
+                            ErrorCode::UnknownTopicOrPartition,
+                            format!("topic '{name}' does not exist"),
+                        );
+                    }
+                }
+                Ok(())
+            }
             MetadataCommand::AlterPartition {
                 broker_id,
                 broker_epoch,
@@ -479,15 +631,61 @@ impl MetadataImage {
                 });
                 CommandOutput::Done
             }
+            MetadataCommand::ReassignPartitions {
+                topic,
+                reassignments,
+                ..
+            } => {
+                let live = self.live_set();
+                let t = self.topics.get_mut(topic).expect("checked");
+                for r in reassignments {
+                    let p = &mut t.partitions[r.partition as usize];
+                    let mut next = p.clone();
+                    start_reassignment(&mut next, &r.replicas);
+                    advance_reassignment(&mut next, |b| live.contains(&b));
+                    if next.leader != p.leader {
+                        next.leader_epoch += 1;
+                    }
+                    next.partition_epoch += 1;
+                    *p = next.clone();
+                    changes.push(MetadataChange::Partition {
+                        topic: t.name.clone(),
+                        topic_id: t.id.clone(),
+                        partition: next,
+                    });
+                }
+                CommandOutput::Done
+            }
+            MetadataCommand::ElectPreferredLeaders { topics } => {
+                let live = self.live_set();
+                let mut elected = 0u64;
+                self.update_partitions(&mut changes, |t, p| {
+                    if !topics.is_empty() && !topics.contains(&t.name) {
+                        return None;
+                    }
+                    let preferred = preferred_leader(p, |b| live.contains(&b))?;
+                    elected += 1;
+                    let mut next = p.clone();
+                    next.leader = Some(preferred);
+                    Some(next)
+                });
+                CommandOutput::Count(elected)
+            }
             MetadataCommand::AlterPartition {
                 topic,
                 partition,
                 new_isr,
                 ..
             } => {
+                let live = self.live_set();
                 let t = self.topics.get_mut(topic).expect("checked");
                 let p = &mut t.partitions[*partition as usize];
+                let before = p.leader;
                 p.isr = new_isr.clone();
+                advance_reassignment(p, |b| live.contains(&b));
+                if p.leader != before {
+                    p.leader_epoch += 1;
+                }
                 p.partition_epoch += 1;
                 let out = p.clone();
                 changes.push(MetadataChange::Partition {
@@ -519,6 +717,8 @@ impl MetadataImage {
             leader,
             leader_epoch: 0,
             partition_epoch: 0,
+            adding_replicas: Vec::new(),
+            removing_replicas: Vec::new(),
         }
     }
 

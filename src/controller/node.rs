@@ -18,7 +18,7 @@ use openraft::{BasicNode, ServerState, SnapshotPolicy};
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
-use super::command::{CommandOutput, MetadataCommand};
+use super::command::{CommandOutput, MetadataCommand, Reassignment};
 use super::error::{ControllerError, MetadataError, StartupError};
 use super::log_store::LogStore;
 use super::model::{BrokerState, MetadataImage, PartitionRecord, TopicRecord};
@@ -60,6 +60,8 @@ pub struct TopicAlteration {
     pub set_config: BTreeMap<String, String>,
     /// Keys to remove (back to the default).
     pub delete_config: Vec<String>,
+    /// Partitions to move to other replicas.
+    pub reassignments: Vec<Reassignment>,
 }
 
 /// What a heartbeat tells the broker.
@@ -73,6 +75,8 @@ pub struct HeartbeatOutcome {
     pub should_shut_down: bool,
     /// The metadata version after the heartbeat.
     pub metadata_version: u64,
+    /// How long a broker's session lasts without heartbeats.
+    pub session_timeout: Duration,
 }
 
 /// A broker's heartbeat.
@@ -120,6 +124,8 @@ pub struct ControllerNode {
     log_store: LogStore,
     session_timeout: Duration,
     write_timeout: Duration,
+    /// How often preferred leaders are restored (zero: never).
+    leader_imbalance_interval: Duration,
     /// Leader-side: when each broker was last heard from.
     heartbeats: Mutex<HashMap<BrokerId, Instant>>,
     /// Leader-side: brokers that registered or heartbeated since this node became leader
@@ -246,6 +252,9 @@ impl ControllerNode {
             log_store,
             session_timeout: Duration::from_millis(config.broker_session_timeout_ms),
             write_timeout: Duration::from_millis(config.write_timeout_ms),
+            leader_imbalance_interval: Duration::from_millis(
+                config.leader_imbalance_check_interval_ms,
+            ),
             heartbeats: Mutex::new(HashMap::new()),
             heard: Mutex::new(Default::default()),
             pending_placements: Mutex::new(Vec::new()),
@@ -422,6 +431,37 @@ impl ControllerNode {
         result
     }
 
+    async fn reassign(
+        &self,
+        topic: &TopicRecord,
+        reassignments: Vec<Reassignment>,
+    ) -> Result<(TopicRecord, u64), ControllerError> {
+        let cmd = MetadataCommand::ReassignPartitions {
+            topic: topic.name.clone(),
+            topic_id: topic.id.clone(),
+            reassignments,
+        };
+        self.check(&cmd)?;
+        let (_, version) = self.propose(cmd).await?;
+        tracing::info!(topic = %topic.name, "partition reassignment started");
+        self.topic_at(&topic.name, version)
+    }
+
+    /// Preferred-leader election over `topics` (all when empty); returns how many
+    /// partitions changed leader and the metadata version.
+    pub async fn elect_preferred_leaders(
+        &self,
+        topics: Vec<String>,
+    ) -> Result<(u64, u64), ControllerError> {
+        self.read_barrier().await?;
+        let cmd = MetadataCommand::ElectPreferredLeaders { topics };
+        self.check(&cmd)?;
+        match self.propose(cmd).await? {
+            (CommandOutput::Count(n), version) => Ok((n, version)),
+            (_, version) => Ok((0, version)),
+        }
+    }
+
     async fn create_checked(
         &self,
         req: &NewTopic,
@@ -500,7 +540,10 @@ impl ControllerNode {
             Some(config)
         };
         if add == 0 && config.is_none() {
-            return Ok((current, self.store.version()));
+            if req.reassignments.is_empty() {
+                return Ok((current, self.store.version()));
+            }
+            return self.reassign(&current, req.reassignments).await;
         }
         let (pending, new_partitions) = if add > 0 {
             self.place(add, current.replication_factor)?
@@ -520,7 +563,11 @@ impl ControllerNode {
         }
         .await;
         self.forget_placement(pending);
-        result
+        let (topic, version) = result?;
+        if req.reassignments.is_empty() {
+            return Ok((topic, version));
+        }
+        self.reassign(&topic, req.reassignments).await
     }
 
     /// Deletes a topic; returns the version at which it is gone.
@@ -671,6 +718,7 @@ impl ControllerNode {
             in_controlled_shutdown: state == BrokerState::ShuttingDown,
             should_shut_down,
             metadata_version: self.store.version(),
+            session_timeout: self.session_timeout,
         })
     }
 
@@ -739,6 +787,7 @@ impl ControllerNode {
     pub async fn run_housekeeping(self: Arc<Self>, cancel: CancellationToken) {
         let mut led_term: Option<u64> = None;
         let mut tick = tokio::time::interval(HOUSEKEEPING_INTERVAL);
+        let mut last_rebalance = Instant::now();
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -783,6 +832,46 @@ impl ControllerNode {
                 }
             }
             self.fence_expired().await;
+            if !self.leader_imbalance_interval.is_zero()
+                && last_rebalance.elapsed() >= self.leader_imbalance_interval
+            {
+                last_rebalance = Instant::now();
+                self.restore_preferred_leaders().await;
+            }
+        }
+    }
+
+    /// Hands leaderships back to preferred replicas that are alive and in sync again, so
+    /// leaders stay balanced after failures.
+    async fn restore_preferred_leaders(&self) {
+        let due = self.store.read(|image, _| {
+            let live: std::collections::BTreeSet<BrokerId> = image
+                .brokers
+                .values()
+                .filter(|b| b.state == BrokerState::Unfenced)
+                .map(|b| b.id)
+                .collect();
+            image
+                .topics
+                .values()
+                .flat_map(|t| &t.partitions)
+                .any(|p| super::model::preferred_leader(p, |b| live.contains(&b)).is_some())
+        });
+        if !due {
+            return;
+        }
+        match self
+            .propose(MetadataCommand::ElectPreferredLeaders { topics: Vec::new() })
+            .await
+        {
+            Ok((CommandOutput::Count(n), _)) if n > 0 => {
+                tracing::info!(
+                    partitions = n,
+                    "leadership handed back to preferred replicas"
+                );
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "preferred leader election failed"),
         }
     }
 

@@ -273,6 +273,19 @@ impl PartitionLog {
             .end_offset_for(epoch, Offset(state.log_end_offset()))
     }
 
+    /// Records that `epoch` starts at the current log end: a new leader calls this as it
+    /// takes over, so a follower asking where the previous epoch ended gets the answer
+    /// even before the new leader has written anything.
+    pub fn assign_leader_epoch(&self, epoch: LeaderEpoch) -> Result<(), LogError> {
+        let mut state = self.state.write();
+        self.check_online(&state)?;
+        let end = Offset(state.log_end_offset());
+        if state.epochs.assign(epoch, end) {
+            self.persist_epochs_locked(&mut state)?;
+        }
+        Ok(())
+    }
+
     /// The epoch entries, oldest first.
     pub fn epoch_entries(&self) -> Vec<super::EpochEntry> {
         self.state.read().epochs.entries().to_vec()

@@ -13,21 +13,28 @@ use crate::api::broker_admin_service::{AdminBackend, BrokerAdminService};
 use crate::api::broker_service::BrokerService;
 use crate::api::proto::admin_server::AdminServer;
 use crate::api::proto::broker_server::BrokerServer;
+use crate::api::proto::replication_server::ReplicationServer;
 use crate::api::proto::FILE_DESCRIPTOR_SET;
+use crate::api::replication_service::ReplicationService;
 use crate::broker::controller_link::{BrokerIdentity, ControllerLink};
+use crate::broker::lease::LeaderLease;
 use crate::broker::metadata_cache::MetadataCache;
 use crate::broker::node::BrokerLimits;
 use crate::broker::partition_manager::PartitionManager;
+use crate::broker::replica_manager::{ReplicaManager, ReplicationSettings};
 use crate::broker::BrokerNode;
 use crate::client::connection::parse_bootstrap;
 use crate::client::AdminClient;
 use crate::config::{BrokerConfig, ConfigLoadError};
+use crate::replication::IsrChange;
 use crate::types::BrokerId;
 
 /// A broker's state and background tasks.
 pub struct BrokerRuntime {
     node: BrokerNode,
     link: Arc<ControllerLink>,
+    replicas: Arc<ReplicaManager>,
+    isr_changes: parking_lot::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<IsrChange>>>,
     controllers: Vec<String>,
     config: BrokerConfig,
 }
@@ -47,6 +54,8 @@ impl BrokerRuntime {
         let id = BrokerId(config.broker_id);
         let metadata = Arc::new(MetadataCache::default());
         let partitions = Arc::new(PartitionManager::new(&config.data_dir, id));
+        let lease = Arc::new(LeaderLease::default());
+        let (isr_tx, isr_rx) = tokio::sync::mpsc::unbounded_channel();
         let node = BrokerNode::new(
             id,
             metadata.clone(),
@@ -55,7 +64,25 @@ impl BrokerRuntime {
                 fetch_wait_max: Duration::from_millis(config.fetch_max_wait_ms),
                 fetch_bytes_max: config.fetch_max_bytes,
             },
+            lease.clone(),
+            isr_tx.clone(),
         );
+        let replicas = Arc::new(ReplicaManager::new(
+            id,
+            metadata.clone(),
+            partitions.clone(),
+            ReplicationSettings {
+                replica_lag_time_max: Duration::from_millis(config.replica_lag_time_max_ms),
+                fetch_wait_max: Duration::from_millis(config.replica_fetch_wait_max_ms),
+                fetch_max_bytes: config.replica_fetch_response_max_bytes,
+                fetch_partition_max_bytes: config.replica_fetch_max_bytes,
+                retention_check_interval: Duration::from_millis(
+                    config.log_retention_check_interval_ms,
+                ),
+                ..ReplicationSettings::default()
+            },
+            isr_tx,
+        ));
         let link = Arc::new(ControllerLink::new(
             controllers.clone(),
             BrokerIdentity {
@@ -66,10 +93,14 @@ impl BrokerRuntime {
             Duration::from_millis(config.broker_heartbeat_interval_ms),
             metadata,
             partitions,
+            replicas.clone(),
+            lease,
         ));
         Ok(Self {
             node,
             link,
+            replicas,
+            isr_changes: parking_lot::Mutex::new(Some(isr_rx)),
             controllers,
             config: config.clone(),
         })
@@ -80,7 +111,11 @@ impl BrokerRuntime {
     pub fn services(
         &self,
         local: Option<ControllerAdminService>,
-    ) -> (BrokerServer<BrokerService>, AdminServer<BrokerAdminService>) {
+    ) -> (
+        BrokerServer<BrokerService>,
+        AdminServer<BrokerAdminService>,
+        ReplicationServer<ReplicationService>,
+    ) {
         let auto_create = self
             .config
             .auto_create_topics_enable
@@ -96,7 +131,10 @@ impl BrokerRuntime {
             )),
         };
         let admin = AdminServer::new(BrokerAdminService::new(backend, self.node.clone()));
-        (broker, admin)
+        let replication = ReplicationServer::new(ReplicationService::new(self.node.clone()))
+            .max_decoding_message_size(self.config.max_request_bytes)
+            .max_encoding_message_size(self.config.replica_fetch_response_max_bytes + 1024 * 1024);
+        (broker, admin, replication)
     }
 
     /// Registers, loads metadata, opens partitions, then keeps heartbeating and following
@@ -125,6 +163,14 @@ impl BrokerRuntime {
             .wait_unfenced(deadline)
             .await
             .map_err(|e| RoleError::Register(e.to_string()))?;
+        if let Some(changes) = self.isr_changes.lock().take() {
+            tasks.spawn(self.replicas.clone().run_isr_changes(
+                changes,
+                self.link.clone(),
+                cancel.clone(),
+            ));
+        }
+        tasks.spawn(self.replicas.clone().run_maintenance(cancel.clone()));
         tasks.spawn(self.link.clone().run_metadata(cancel.clone()));
         tasks.spawn(self.link.clone().run_heartbeats(cancel.clone()));
         Ok(())
@@ -170,8 +216,9 @@ impl BrokerRuntime {
         Ok(())
     }
 
-    /// Closes every partition cleanly.
+    /// Stops the fetchers and closes every partition cleanly.
     pub async fn close(&self) {
+        self.replicas.stop().await;
         let partitions = self.node.partitions().clone();
         let _ = tokio::task::spawn_blocking(move || partitions.close_all()).await;
     }
@@ -190,7 +237,7 @@ pub async fn run(config: BrokerConfig) -> Result<(), RoleError> {
     let cancel = CancellationToken::new();
     let server_cancel = CancellationToken::new();
     let tasks = TaskTracker::new();
-    let (broker, admin) = runtime.services(None);
+    let (broker, admin, replication) = runtime.services(None);
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<BrokerServer<BrokerService>>().await;
     let reflection = reflection_service()?;
@@ -198,6 +245,7 @@ pub async fn run(config: BrokerConfig) -> Result<(), RoleError> {
         tonic::transport::Server::builder()
             .add_service(broker)
             .add_service(admin)
+            .add_service(replication)
             .add_service(health_service)
             .add_service(reflection)
             .serve_with_incoming_shutdown(
