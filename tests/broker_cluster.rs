@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{binary, cli, eventually, free_ports, Proc, FAST_RAFT};
+use common::{binary, cli, eventually, free_ports, BrokerCluster, Proc, FAST_RAFT};
 use tidelog::api::proto::broker_client::BrokerClient;
 use tidelog::api::proto::{
     FetchPartition, FetchRequest, FetchTopic, PartitionProduceData, ProduceRequest, Record,
@@ -170,95 +170,6 @@ fn standalone_round_trips_10000_keyed_records_exactly_once() {
     assert!(status.success(), "{}", server.stderr_tail());
     let _server = standalone(dir.path(), port);
     check(&consume(&b));
-}
-
-/// One controller and `n` brokers on loopback.
-struct BrokerCluster {
-    dir: tempfile::TempDir,
-    controller: Option<Proc>,
-    controller_port: u16,
-    broker_ports: Vec<u16>,
-    brokers: Vec<Option<Proc>>,
-}
-
-const SESSION: &[(&str, &str)] = &[
-    ("TIDELOG_BROKER_SESSION_TIMEOUT_MS", "3000"),
-    ("TIDELOG_BROKER_HEARTBEAT_INTERVAL_MS", "300"),
-];
-
-impl BrokerCluster {
-    fn start(n: usize) -> Self {
-        let ports = free_ports(n + 1);
-        let mut c = BrokerCluster {
-            dir: tempfile::tempdir().unwrap(),
-            controller: None,
-            controller_port: ports[0],
-            broker_ports: ports[1..].to_vec(),
-            brokers: (0..n).map(|_| None).collect(),
-        };
-        c.start_controller();
-        for id in 1..=n as i32 {
-            c.start_broker(id);
-        }
-        c
-    }
-
-    fn envs() -> Vec<(&'static str, &'static str)> {
-        FAST_RAFT.iter().chain(SESSION.iter()).copied().collect()
-    }
-
-    fn controller_address(&self) -> String {
-        format!("127.0.0.1:{}", self.controller_port)
-    }
-
-    fn start_controller(&mut self) {
-        let addr = self.controller_address();
-        let args = vec![
-            "--node-id".into(),
-            "1".into(),
-            "--listen".into(),
-            addr.clone(),
-            "--peers".into(),
-            format!("1={addr}"),
-            "--data-dir".into(),
-            self.dir.path().join("controller").display().to_string(),
-        ];
-        self.controller = Some(Proc::start(
-            "controller",
-            &args,
-            &Self::envs(),
-            self.dir.path(),
-        ));
-    }
-
-    fn broker_address(&self, id: i32) -> String {
-        format!("127.0.0.1:{}", self.broker_ports[id as usize - 1])
-    }
-
-    fn start_broker(&mut self, id: i32) {
-        let args = vec![
-            "--broker-id".into(),
-            id.to_string(),
-            "--listen".into(),
-            self.broker_address(id),
-            "--controllers".into(),
-            self.controller_address(),
-            "--data-dir".into(),
-            self.dir
-                .path()
-                .join(format!("broker-{id}"))
-                .display()
-                .to_string(),
-        ];
-        self.brokers[id as usize - 1] =
-            Some(Proc::start("broker", &args, &Self::envs(), self.dir.path()));
-    }
-
-    fn bootstrap(&self) -> Vec<String> {
-        (1..=self.brokers.len() as i32)
-            .map(|id| self.broker_address(id))
-            .collect()
-    }
 }
 
 async fn wait_all_partitions_led(bootstrap: &[String], topic: &str, partitions: usize) {

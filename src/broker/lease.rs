@@ -4,7 +4,7 @@
 //! The controller fences a broker `session_timeout` after the last heartbeat it *received*;
 //! every heartbeat is received after it was *sent*, so until `sent + session_timeout` the
 //! broker is certainly not fenced. The lease runs to 90% of that (clock-rate slack). After
-//! being fenced, the broker must also have applied the metadata version it was unfenced
+//! being fenced (or after any lapse of the lease), the broker must also have applied the metadata version it was unfenced
 //! at, which already holds every leadership that moved away while it was fenced. So a
 //! broker paused or cut off longer than its session refuses produce with
 //! NOT_LEADER_OR_FOLLOWER instead of accepting writes another leader will never see.
@@ -58,7 +58,11 @@ impl LeaderLease {
             state.valid_until = None;
             return;
         }
-        if state.fenced {
+        // After being fenced, or after a lapse (the controllers may have fenced and
+        // unfenced us meanwhile without our hearing of it), leaderships may have moved:
+        // the metadata must catch up before the lease counts.
+        let lapsed = state.valid_until.is_none_or(|until| sent_at >= until);
+        if state.fenced || lapsed {
             state.fenced = false;
             state.min_metadata_version = metadata_version;
         }
@@ -130,6 +134,11 @@ mod tests {
             Duration::from_secs(5),
         );
         assert!(stale.check(0).unwrap_err().contains("lapsed"));
+        // A lapse (e.g. the process was paused) then a renewal: the metadata of the
+        // renewal must be applied first, even though no answer ever said "fenced".
+        stale.on_heartbeat(Instant::now(), false, 40, Duration::from_secs(5));
+        assert!(stale.check(39).is_err());
+        assert!(stale.check(40).is_ok());
         lease.on_heartbeat(Instant::now(), true, 60, Duration::from_secs(60));
         assert!(lease.check(100).unwrap_err().contains("fenced"));
         lease.on_heartbeat(Instant::now(), false, 70, Duration::from_secs(60));

@@ -353,3 +353,114 @@ impl Drop for FakeBroker {
         self.task.abort();
     }
 }
+
+/// One controller and `n` brokers on loopback.
+pub struct BrokerCluster {
+    /// Extra environment for every process (e.g. replication timings).
+    pub extra_env: Vec<(String, String)>,
+    pub dir: tempfile::TempDir,
+    pub controller: Option<Proc>,
+    pub controller_port: u16,
+    pub broker_ports: Vec<u16>,
+    pub brokers: Vec<Option<Proc>>,
+}
+
+const SESSION: &[(&str, &str)] = &[
+    ("TIDELOG_BROKER_SESSION_TIMEOUT_MS", "3000"),
+    ("TIDELOG_BROKER_HEARTBEAT_INTERVAL_MS", "300"),
+];
+
+impl BrokerCluster {
+    /// Starts a controller and brokers 1..=n.
+    pub fn start(n: usize) -> Self {
+        Self::start_with(n, &[])
+    }
+
+    /// Like [`BrokerCluster::start`], with extra environment for every process.
+    pub fn start_with(n: usize, env: &[(&str, &str)]) -> Self {
+        let ports = free_ports(n + 1);
+        let mut c = BrokerCluster {
+            dir: tempfile::tempdir().unwrap(),
+            controller: None,
+            controller_port: ports[0],
+            broker_ports: ports[1..].to_vec(),
+            brokers: (0..n).map(|_| None).collect(),
+            extra_env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        c.start_controller();
+        for id in 1..=n as i32 {
+            c.start_broker(id);
+        }
+        c
+    }
+
+    fn envs(&self) -> Vec<(&str, &str)> {
+        FAST_RAFT
+            .iter()
+            .chain(SESSION.iter())
+            .copied()
+            .chain(self.extra_env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .collect()
+    }
+
+    /// See the name.
+    pub fn controller_address(&self) -> String {
+        format!("127.0.0.1:{}", self.controller_port)
+    }
+
+    /// See the name.
+    pub fn start_controller(&mut self) {
+        let addr = self.controller_address();
+        let args = vec![
+            "--node-id".into(),
+            "1".into(),
+            "--listen".into(),
+            addr.clone(),
+            "--peers".into(),
+            format!("1={addr}"),
+            "--data-dir".into(),
+            self.dir.path().join("controller").display().to_string(),
+        ];
+        self.controller = Some(Proc::start(
+            "controller",
+            &args,
+            &self.envs(),
+            self.dir.path(),
+        ));
+    }
+
+    /// See the name.
+    pub fn broker_address(&self, id: i32) -> String {
+        format!("127.0.0.1:{}", self.broker_ports[id as usize - 1])
+    }
+
+    /// See the name.
+    pub fn start_broker(&mut self, id: i32) {
+        let args = vec![
+            "--broker-id".into(),
+            id.to_string(),
+            "--listen".into(),
+            self.broker_address(id),
+            "--controllers".into(),
+            self.controller_address(),
+            "--data-dir".into(),
+            self.dir
+                .path()
+                .join(format!("broker-{id}"))
+                .display()
+                .to_string(),
+        ];
+        self.brokers[id as usize - 1] =
+            Some(Proc::start("broker", &args, &self.envs(), self.dir.path()));
+    }
+
+    /// See the name.
+    pub fn bootstrap(&self) -> Vec<String> {
+        (1..=self.brokers.len() as i32)
+            .map(|id| self.broker_address(id))
+            .collect()
+    }
+}

@@ -1,0 +1,633 @@
+//! Replication with real processes: 1 controller and 3 brokers on loopback. kill -9 of
+//! partition leaders under acks=all load, followers paused with SIGSTOP (ISR shrink and
+//! expand, NOT_ENOUGH_REPLICAS), a paused leader whose unreplicated records are truncated
+//! when it returns, reassignment and preferred-leader election. Replica logs are compared
+//! record by record after the brokers stop.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{eventually, BrokerCluster};
+use parking_lot::Mutex;
+use tidelog::api::proto::broker_client::BrokerClient;
+use tidelog::api::proto::{
+    AlterTopicRequest, ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic,
+    PartitionProduceData, PartitionReassignment, PartitionState, ProduceRequest, Record,
+    TopicProduceData, TopicState,
+};
+use tidelog::api::status::from_wire;
+use tidelog::client::AdminClient;
+use tidelog::error_code::ErrorCode;
+use tidelog::partition::{Isolation, PartitionLog, SystemClock};
+use tidelog::topic_config::TopicConfig;
+use tidelog::types::Offset;
+
+/// Short replication timings, so ISR changes and rebalancing happen within a test.
+const FAST_REPLICATION: &[(&str, &str)] = &[
+    ("TIDELOG_REPLICA_LAG_TIME_MAX_MS", "1500"),
+    ("TIDELOG_LEADER_IMBALANCE_CHECK_INTERVAL_MS", "1000"),
+];
+
+fn admin(c: &BrokerCluster) -> AdminClient {
+    AdminClient::new(vec![c.controller_address()], Duration::from_secs(10))
+}
+
+async fn topic_state(c: &BrokerCluster, topic: &str) -> TopicState {
+    admin(c)
+        .describe_topics(vec![topic.to_owned()])
+        .await
+        .expect("describe")
+        .topics
+        .remove(0)
+        .topic
+        .expect("topic")
+}
+
+async fn partition(c: &BrokerCluster, topic: &str, p: u32) -> PartitionState {
+    topic_state(c, topic).await.partitions[p as usize].clone()
+}
+
+async fn create_topic(c: &BrokerCluster, topic: &str, partitions: u32, config: &[(&str, &str)]) {
+    let config: BTreeMap<String, String> = config
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    admin(c)
+        .create_topic(topic, Some(partitions), Some(3), config)
+        .await
+        .expect("create topic");
+    // Every partition led, and every replica in sync.
+    let t = eventually("all replicas in sync", Duration::from_secs(30), || async {
+        let t = topic_state(c, topic).await;
+        t.partitions
+            .iter()
+            .all(|p| p.leader.is_some() && p.isr.len() == 3)
+            .then_some(t)
+    })
+    .await;
+    // Every leader has taken over (it answers ListOffsets as leader).
+    for p in &t.partitions {
+        let address = c.broker_address(p.leader.unwrap());
+        eventually("the leader is ready", Duration::from_secs(30), || {
+            let address = address.clone();
+            async move {
+                let mut client = BrokerClient::connect(format!("http://{address}"))
+                    .await
+                    .ok()?;
+                let r = client
+                    .list_offsets(ListOffsetsRequest {
+                        topics: vec![ListOffsetsTopic {
+                            topic: topic.to_owned(),
+                            partitions: vec![ListOffsetsPartition {
+                                partition: p.partition,
+                                timestamp_ms: -1,
+                            }],
+                        }],
+                    })
+                    .await
+                    .ok()?
+                    .into_inner();
+                (r.topics[0].partitions[0].error_code == 0).then_some(())
+            }
+        })
+        .await;
+    }
+}
+
+/// Sends one record, once (never retried, so it can be written at most once).
+async fn produce_once(
+    address: &str,
+    topic: &str,
+    p: u32,
+    value: &str,
+    acks: i32,
+) -> Result<i64, (ErrorCode, String)> {
+    let mut client = BrokerClient::connect(format!("http://{address}"))
+        .await
+        .map_err(|e| (ErrorCode::RequestTimedOut, e.to_string()))?;
+    let request = ProduceRequest {
+        acks,
+        timeout_ms: 5_000,
+        topics: vec![TopicProduceData {
+            topic: topic.to_owned(),
+            partitions: vec![PartitionProduceData {
+                partition: p,
+                records: vec![Record {
+                    value: Some(value.as_bytes().to_vec().into()),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+        }],
+    };
+    let response = tokio::time::timeout(Duration::from_secs(15), client.produce(request))
+        .await
+        .map_err(|_| (ErrorCode::RequestTimedOut, "no answer".to_owned()))?
+        .map_err(|s| (ErrorCode::RequestTimedOut, s.to_string()))?
+        .into_inner();
+    let r = &response.topics[0].partitions[0];
+    match from_wire(r.error_code) {
+        None => Ok(r.base_offset),
+        Some(code) => Err((code, r.error_message.clone())),
+    }
+}
+
+/// Every record of a stopped broker's copy of `topic-p`, as (offset, value).
+fn read_replica(c: &BrokerCluster, broker: i32, topic: &str, p: u32) -> Vec<(u64, String)> {
+    let dir = c
+        .dir
+        .path()
+        .join(format!("broker-{broker}"))
+        .join(format!("{topic}-{p}"));
+    let log = PartitionLog::open(&dir, TopicConfig::default(), Arc::new(SystemClock))
+        .unwrap_or_else(|e| panic!("open {}: {e}", dir.display()));
+    let mut out = Vec::new();
+    let mut next = log.log_start_offset();
+    while next < log.log_end_offset() {
+        let data = log.read(next, 1 << 20, Isolation::LogEnd).expect("read");
+        let records =
+            tidelog::record::decode_data_records(&data.records, 64 << 20).expect("decode");
+        for r in records {
+            if r.offset as u64 >= next.0 {
+                out.push((
+                    r.offset as u64,
+                    String::from_utf8(r.value.unwrap_or_default().to_vec()).unwrap(),
+                ));
+            }
+        }
+        next = Offset(out.last().map_or(next.0 + 1, |(o, _)| o + 1));
+    }
+    out
+}
+
+fn stop_all_brokers(c: &mut BrokerCluster) {
+    for b in c.brokers.iter_mut() {
+        if let Some(mut p) = b.take() {
+            assert!(p.terminate().success(), "broker exits cleanly");
+        }
+    }
+}
+
+/// Asserts every replica of `topic-p` holds exactly the same records, and returns them.
+fn assert_replicas_identical(c: &BrokerCluster, topic: &str, p: u32) -> Vec<(u64, String)> {
+    let logs: Vec<Vec<(u64, String)>> = (1..=3).map(|b| read_replica(c, b, topic, p)).collect();
+    for b in 1..3 {
+        assert_eq!(
+            logs[b].len(),
+            logs[0].len(),
+            "{topic}-{p}: broker {} holds {} records, broker 1 holds {}",
+            b + 1,
+            logs[b].len(),
+            logs[0].len()
+        );
+        assert!(
+            logs[b] == logs[0],
+            "{topic}-{p}: broker {} differs from broker 1",
+            b + 1
+        );
+    }
+    logs[0].clone()
+}
+
+/// acks=all producers write numbered records (each sent once) while the leader of one
+/// partition after another is killed -9 and restarted. Every acknowledged record must be
+/// on every replica, exactly once, at its acknowledged offset; the replicas must be equal;
+/// and leadership must return to the preferred replicas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn acks_all_survives_leader_kills() {
+    let mut c = BrokerCluster::start_with(3, FAST_REPLICATION);
+    const TOPIC: &str = "durable";
+    const PARTITIONS: u32 = 6;
+    create_topic(&c, TOPIC, PARTITIONS, &[("min.insync.replicas", "2")]).await;
+    let preferred: Vec<i32> = topic_state(&c, TOPIC)
+        .await
+        .partitions
+        .iter()
+        .map(|p| p.replicas[0])
+        .collect();
+
+    let acked: Arc<Mutex<BTreeMap<u64, (u32, i64)>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut producers = Vec::new();
+    for worker in 0..3u64 {
+        let (acked, stop) = (acked.clone(), stop.clone());
+        let bootstrap = c.controller_address();
+        let addresses: BTreeMap<i32, String> = (1..=3).map(|b| (b, c.broker_address(b))).collect();
+        producers.push(tokio::spawn(async move {
+            let admin = AdminClient::new(vec![bootstrap], Duration::from_secs(10));
+            let mut n = worker;
+            let mut leaders: BTreeMap<u32, i32> = BTreeMap::new();
+            while !stop.load(Ordering::SeqCst) {
+                let p = (n % PARTITIONS as u64) as u32;
+                if !leaders.contains_key(&p) {
+                    if let Ok(d) = admin.describe_topics(vec![TOPIC.into()]).await {
+                        for ps in &d.topics[0].topic.as_ref().unwrap().partitions {
+                            if let Some(l) = ps.leader {
+                                leaders.insert(ps.partition, l);
+                            }
+                        }
+                    }
+                }
+                if let Some(l) = leaders.get(&p).copied() {
+                    match produce_once(&addresses[&l], TOPIC, p, &format!("n{n}"), -1).await {
+                        Ok(offset) => {
+                            acked.lock().insert(n, (p, offset));
+                        }
+                        Err(_) => {
+                            leaders.remove(&p);
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    }
+                }
+                n += 3;
+            }
+        }));
+    }
+
+    let mut kills = 0;
+    for round in 0..3u32 {
+        let before = acked.lock().len();
+        eventually("producers make progress", Duration::from_secs(30), || {
+            let acked = acked.clone();
+            async move { (acked.lock().len() >= before + 200).then_some(()) }
+        })
+        .await;
+        // A moment that differs each round.
+        tokio::time::sleep(Duration::from_millis(150 + 370 * u64::from(round))).await;
+        let p = round * 2 % PARTITIONS;
+        let victim = partition(&c, TOPIC, p).await.leader.expect("a leader");
+        c.brokers[victim as usize - 1].as_mut().unwrap().kill9();
+        kills += 1;
+        eventually("a new leader", Duration::from_secs(30), || async {
+            let now = partition(&c, TOPIC, p).await;
+            now.leader.filter(|l| *l != victim)
+        })
+        .await;
+        c.start_broker(victim);
+        eventually(
+            "the killed broker rejoins every ISR",
+            Duration::from_secs(60),
+            || async {
+                let t = topic_state(&c, TOPIC).await;
+                t.partitions.iter().all(|p| p.isr.len() == 3).then_some(())
+            },
+        )
+        .await;
+    }
+    let before = acked.lock().len();
+    eventually(
+        "producers make progress after the kills",
+        Duration::from_secs(30),
+        || {
+            let acked = acked.clone();
+            async move { (acked.lock().len() >= before + 200).then_some(()) }
+        },
+    )
+    .await;
+    stop.store(true, Ordering::SeqCst);
+    for p in producers {
+        p.await.unwrap();
+    }
+    assert_eq!(kills, 3);
+
+    // Leadership goes back to the preferred replicas.
+    eventually(
+        "preferred leaders restored",
+        Duration::from_secs(30),
+        || async {
+            let t = topic_state(&c, TOPIC).await;
+            t.partitions
+                .iter()
+                .all(|p| p.leader == Some(preferred[p.partition as usize]))
+                .then_some(())
+        },
+    )
+    .await;
+    // Let the followers copy the last records before stopping everything.
+    eventually("replicas caught up", Duration::from_secs(30), || async {
+        let d = admin(&c)
+            .describe_topics_with_offsets(vec![TOPIC.into()])
+            .await
+            .ok()?;
+        let offsets = &d[0].offsets;
+        (offsets.len() == PARTITIONS as usize
+            && offsets.iter().all(|o| o.high_watermark == o.log_end_offset))
+        .then_some(())
+    })
+    .await;
+    stop_all_brokers(&mut c);
+
+    let acked = acked.lock().clone();
+    assert!(
+        acked.len() >= 800,
+        "only {} records acknowledged",
+        acked.len()
+    );
+    let mut seen_values = BTreeSet::new();
+    for p in 0..PARTITIONS {
+        let log = assert_replicas_identical(&c, TOPIC, p);
+        let by_offset: BTreeMap<u64, &str> = log.iter().map(|(o, v)| (*o, v.as_str())).collect();
+        for (o, v) in &log {
+            assert!(
+                seen_values.insert(v.clone()),
+                "{TOPIC}-{p}: record {v} stored twice (again at offset {o})"
+            );
+        }
+        for (n, (ap, offset)) in &acked {
+            if *ap == p {
+                assert_eq!(
+                    by_offset.get(&(*offset as u64)).copied(),
+                    Some(format!("n{n}").as_str()),
+                    "{TOPIC}-{p}: acknowledged record n{n} is not at offset {offset}"
+                );
+            }
+        }
+    }
+}
+
+/// Followers paused with SIGSTOP leave the ISR; acks=all works while the ISR holds at least
+/// min.insync.replicas and is refused (writing nothing) below it; resumed followers catch
+/// up and rejoin. Then the partition is reassigned away from a broker and back, and the
+/// preferred replica leads again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn paused_followers_leave_and_rejoin_the_isr() {
+    let mut c = BrokerCluster::start_with(3, FAST_REPLICATION);
+    const TOPIC: &str = "isr";
+    create_topic(&c, TOPIC, 1, &[("min.insync.replicas", "2")]).await;
+    let state = partition(&c, TOPIC, 0).await;
+    let leader = state.leader.unwrap();
+    let followers: Vec<i32> = state
+        .replicas
+        .iter()
+        .copied()
+        .filter(|b| *b != leader)
+        .collect();
+    let leader_address = c.broker_address(leader);
+    for i in 0..10 {
+        produce_once(&leader_address, TOPIC, 0, &format!("a{i}"), -1)
+            .await
+            .expect("acks=all with a full ISR");
+    }
+
+    c.brokers[followers[0] as usize - 1]
+        .as_ref()
+        .unwrap()
+        .signal(libc::SIGSTOP);
+    eventually(
+        "the paused follower leaves the ISR",
+        Duration::from_secs(20),
+        || async {
+            let p = partition(&c, TOPIC, 0).await;
+            (!p.isr.contains(&followers[0])).then_some(())
+        },
+    )
+    .await;
+    for i in 0..10 {
+        produce_once(&leader_address, TOPIC, 0, &format!("b{i}"), -1)
+            .await
+            .expect("acks=all with 2 of 3 in sync");
+    }
+
+    c.brokers[followers[1] as usize - 1]
+        .as_ref()
+        .unwrap()
+        .signal(libc::SIGSTOP);
+    eventually(
+        "only the leader is left in the ISR",
+        Duration::from_secs(20),
+        || async {
+            let p = partition(&c, TOPIC, 0).await;
+            (p.isr == vec![leader]).then_some(())
+        },
+    )
+    .await;
+    let end_before = admin(&c)
+        .describe_topics_with_offsets(vec![TOPIC.into()])
+        .await
+        .unwrap()[0]
+        .offsets[0]
+        .log_end_offset;
+    let refused = produce_once(&leader_address, TOPIC, 0, "refused", -1).await;
+    assert!(
+        matches!(&refused, Err((ErrorCode::NotEnoughReplicas, m)) if m.contains("min.insync.replicas")),
+        "{refused:?}"
+    );
+    let end_after = admin(&c)
+        .describe_topics_with_offsets(vec![TOPIC.into()])
+        .await
+        .unwrap()[0]
+        .offsets[0]
+        .log_end_offset;
+    assert_eq!(end_before, end_after, "a refused produce wrote nothing");
+    assert_eq!(end_after, 20);
+
+    for f in &followers {
+        c.brokers[*f as usize - 1]
+            .as_ref()
+            .unwrap()
+            .signal(libc::SIGCONT);
+    }
+    eventually("both followers rejoin", Duration::from_secs(30), || async {
+        (partition(&c, TOPIC, 0).await.isr.len() == 3).then_some(())
+    })
+    .await;
+    // Whoever leads now (the leader may have moved while the followers were paused).
+    let leader = partition(&c, TOPIC, 0).await.leader.unwrap();
+    produce_once(&c.broker_address(leader), TOPIC, 0, "c0", -1)
+        .await
+        .expect("acks=all after the followers returned");
+
+    // Reassign away from one follower, then back with it as the preferred leader.
+    let dropped = followers[1];
+    let kept: Vec<i32> = [leader, followers[0], followers[1]]
+        .into_iter()
+        .filter(|b| *b != dropped)
+        .collect();
+    reassign(&c, TOPIC, kept.clone()).await;
+    eventually(
+        "the reassignment completes",
+        Duration::from_secs(30),
+        || async {
+            let p = partition(&c, TOPIC, 0).await;
+            (p.replicas == kept && p.adding_replicas.is_empty() && p.removing_replicas.is_empty())
+                .then_some(())
+        },
+    )
+    .await;
+    let dropped_dir = c
+        .dir
+        .path()
+        .join(format!("broker-{dropped}"))
+        .join(format!("{TOPIC}-0"));
+    eventually(
+        "the removed replica deletes its copy",
+        Duration::from_secs(30),
+        || async { (!dropped_dir.exists()).then_some(()) },
+    )
+    .await;
+    let target = vec![dropped, kept[0], kept[1]];
+    reassign(&c, TOPIC, target.clone()).await;
+    eventually(
+        "the returning replica catches up and leads as the preferred replica",
+        Duration::from_secs(30),
+        || async {
+            let p = partition(&c, TOPIC, 0).await;
+            (p.replicas == target && p.isr.len() == 3 && p.leader == Some(dropped)).then_some(())
+        },
+    )
+    .await;
+    produce_once(&c.broker_address(dropped), TOPIC, 0, "d0", -1)
+        .await
+        .expect("acks=all at the new preferred leader");
+    eventually("replicas caught up", Duration::from_secs(30), || async {
+        let d = admin(&c)
+            .describe_topics_with_offsets(vec![TOPIC.into()])
+            .await
+            .ok()?;
+        let o = d[0].offsets.first()?;
+        (o.high_watermark == 22 && o.log_end_offset == 22).then_some(())
+    })
+    .await;
+    stop_all_brokers(&mut c);
+    let log = assert_replicas_identical(&c, TOPIC, 0);
+    let values: Vec<&str> = log.iter().map(|(_, v)| v.as_str()).collect();
+    let mut expected: Vec<String> = (0..10).map(|i| format!("a{i}")).collect();
+    expected.extend((0..10).map(|i| format!("b{i}")));
+    expected.push("c0".into());
+    expected.push("d0".into());
+    assert_eq!(values, expected);
+}
+
+async fn reassign(c: &BrokerCluster, topic: &str, replicas: Vec<i32>) {
+    admin(c)
+        .alter_topic(AlterTopicRequest {
+            name: topic.to_owned(),
+            partitions: None,
+            set_config: Default::default(),
+            delete_config: vec![],
+            reassignments: vec![PartitionReassignment {
+                partition: 0,
+                replicas,
+            }],
+        })
+        .await
+        .expect("reassign");
+}
+
+/// A leader that accepted records (acks=1) its followers never copied, and was then cut
+/// off (SIGSTOP) and replaced, refuses writes when it resumes (its lease lapsed), and
+/// truncates those records as it rejoins as a follower. Consumers never saw them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_returning_leader_truncates_what_it_alone_accepted() {
+    let mut c = BrokerCluster::start_with(
+        3,
+        &[
+            ("TIDELOG_REPLICA_LAG_TIME_MAX_MS", "60000"),
+            ("TIDELOG_LEADER_IMBALANCE_CHECK_INTERVAL_MS", "0"),
+        ],
+    );
+    const TOPIC: &str = "diverge";
+    create_topic(&c, TOPIC, 1, &[]).await;
+    let state = partition(&c, TOPIC, 0).await;
+    let old = state.leader.unwrap();
+    let followers: Vec<i32> = state
+        .replicas
+        .iter()
+        .copied()
+        .filter(|b| *b != old)
+        .collect();
+    let old_address = c.broker_address(old);
+    for i in 0..10 {
+        produce_once(&old_address, TOPIC, 0, &format!("a{i}"), -1)
+            .await
+            .expect("committed records");
+    }
+    // Followers paused (still in the ISR: the lag limit is long): acks=1 writes land on
+    // the leader alone, above the high watermark.
+    for f in &followers {
+        c.brokers[*f as usize - 1]
+            .as_ref()
+            .unwrap()
+            .signal(libc::SIGSTOP);
+    }
+    // A fetch the followers sent before they stopped may still be parked at the leader;
+    // let it expire (replica_fetch_wait_max_ms is 500), so no x record can ride on it.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    for i in 0..5 {
+        let offset = produce_once(&old_address, TOPIC, 0, &format!("x{i}"), 1)
+            .await
+            .expect("acks=1 on the leader alone");
+        assert_eq!(offset, 10 + i);
+    }
+    let d = admin(&c)
+        .describe_topics_with_offsets(vec![TOPIC.into()])
+        .await
+        .unwrap();
+    assert_eq!(
+        d[0].offsets[0].high_watermark, 10,
+        "x records are not committed"
+    );
+    assert_eq!(d[0].offsets[0].log_end_offset, 15);
+
+    // The leader is cut off; the followers return and one of them takes over.
+    c.brokers[old as usize - 1]
+        .as_ref()
+        .unwrap()
+        .signal(libc::SIGSTOP);
+    for f in &followers {
+        c.brokers[*f as usize - 1]
+            .as_ref()
+            .unwrap()
+            .signal(libc::SIGCONT);
+    }
+    let new = eventually("a new leader", Duration::from_secs(30), || async {
+        partition(&c, TOPIC, 0).await.leader.filter(|l| *l != old)
+    })
+    .await;
+    for i in 0..5 {
+        let offset = produce_once(&c.broker_address(new), TOPIC, 0, &format!("y{i}"), -1)
+            .await
+            .expect("acks=all at the new leader");
+        assert_eq!(
+            offset,
+            10 + i,
+            "the new leader continues after the committed records"
+        );
+    }
+
+    // The old leader resumes with stale metadata: it must not accept writes.
+    c.brokers[old as usize - 1]
+        .as_ref()
+        .unwrap()
+        .signal(libc::SIGCONT);
+    let stale = produce_once(&old_address, TOPIC, 0, "stale", 1).await;
+    assert!(
+        matches!(&stale, Err((ErrorCode::NotLeaderOrFollower, _))),
+        "a resumed old leader accepted a write: {stale:?}"
+    );
+    eventually(
+        "the old leader rejoins the ISR",
+        Duration::from_secs(30),
+        || async { (partition(&c, TOPIC, 0).await.isr.len() == 3).then_some(()) },
+    )
+    .await;
+    eventually("replicas caught up", Duration::from_secs(30), || async {
+        let d = admin(&c)
+            .describe_topics_with_offsets(vec![TOPIC.into()])
+            .await
+            .ok()?;
+        let o = d[0].offsets.first()?;
+        (o.high_watermark == 15 && o.log_end_offset == 15).then_some(())
+    })
+    .await;
+    stop_all_brokers(&mut c);
+    let log = assert_replicas_identical(&c, TOPIC, 0);
+    let values: Vec<&str> = log.iter().map(|(_, v)| v.as_str()).collect();
+    let mut expected: Vec<String> = (0..10).map(|i| format!("a{i}")).collect();
+    expected.extend((0..5).map(|i| format!("y{i}")));
+    assert_eq!(values, expected, "x records were truncated everywhere");
+}
