@@ -73,6 +73,8 @@ error_codes! {
     ClusterNotReady = "CLUSTER_NOT_READY", true, "The controller quorum has not finished starting (no leader or no cluster id yet).";
     NotEnoughReplicasAfterAppend = "NOT_ENOUGH_REPLICAS_AFTER_APPEND", true, "The records were written, but the ISR shrank below min.insync.replicas before they were committed; a retry may write them twice.";
     UnknownLeaderEpoch = "UNKNOWN_LEADER_EPOCH", true, "The leader epoch is newer than this broker knows: its metadata is behind; retry.";
+    OutOfOrderSequenceNumber = "OUT_OF_ORDER_SEQUENCE_NUMBER", false, "An idempotent producer's batch does not continue its sequence (a batch before it was lost); nothing was written.";
+    InvalidProducerEpoch = "INVALID_PRODUCER_EPOCH", false, "The producer epoch is older than the current one (a newer producer took over), or a new epoch does not start at sequence 0.";
 }
 
 impl fmt::Display for ErrorCode {

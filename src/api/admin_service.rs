@@ -18,8 +18,8 @@ use super::proto::{
     AlterTopicRequest, AlterTopicResponse, BrokerStatus, ControllerStatus, CreateTopicRequest,
     CreateTopicResponse, DeleteTopicRequest, DeleteTopicResponse, DescribeClusterRequest,
     DescribeClusterResponse, DescribeTopicsRequest, DescribeTopicsResponse, ElectLeadersRequest,
-    ElectLeadersResponse, ListTopicsRequest, ListTopicsResponse, NodeStatusRequest,
-    TopicDescription, TopicSummary,
+    ElectLeadersResponse, InitProducerIdRequest, InitProducerIdResponse, ListTopicsRequest,
+    ListTopicsResponse, NodeStatusRequest, TopicDescription, TopicSummary,
 };
 use crate::controller::command::Reassignment;
 use crate::controller::node::{NewTopic, TopicAlteration};
@@ -257,6 +257,18 @@ impl Admin for ControllerAdminService {
         Ok(Response::new(AlterTopicResponse {
             topic: Some(convert::topic_to_proto(&topic)),
             metadata_version,
+        }))
+    }
+
+    async fn init_producer_id(
+        &self,
+        request: Request<InitProducerIdRequest>,
+    ) -> Result<Response<InitProducerIdResponse>, Status> {
+        forward_to_leader!(self, request, init_producer_id);
+        let (producer_id, _) = self.node.allocate_producer_id().await?;
+        Ok(Response::new(InitProducerIdResponse {
+            producer_id,
+            producer_epoch: 0,
         }))
     }
 

@@ -11,7 +11,8 @@ use super::proto::{
     AlterTopicRequest, AlterTopicResponse, CreateTopicRequest, CreateTopicResponse,
     DeleteTopicRequest, DeleteTopicResponse, DescribeClusterRequest, DescribeClusterResponse,
     DescribeTopicsRequest, DescribeTopicsResponse, ElectLeadersRequest, ElectLeadersResponse,
-    ListTopicsRequest, ListTopicsResponse, PartitionOffsets,
+    InitProducerIdRequest, InitProducerIdResponse, ListTopicsRequest, ListTopicsResponse,
+    PartitionOffsets,
 };
 use super::status::error_status;
 use crate::broker::BrokerNode;
@@ -136,6 +137,15 @@ impl Admin for BrokerAdminService {
     ) -> Result<Response<AlterTopicResponse>, Status> {
         let r = request.into_inner();
         let response = via_backend!(self, alter_topic, r.clone(), c => c.alter_topic(r.clone()));
+        Ok(Response::new(response))
+    }
+
+    async fn init_producer_id(
+        &self,
+        request: Request<InitProducerIdRequest>,
+    ) -> Result<Response<InitProducerIdResponse>, Status> {
+        let r = request.into_inner();
+        let response = via_backend!(self, init_producer_id, r, c => c.init_producer_id());
         Ok(Response::new(response))
     }
 

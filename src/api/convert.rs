@@ -115,6 +115,8 @@ pub fn image_from_proto(image: &proto::MetadataImage) -> MetadataImage {
             .iter()
             .map(|t| (t.name.clone(), topic_from_proto(t)))
             .collect(),
+        // Producer ids are handed out by the controllers only; brokers never need it.
+        next_producer_id: 0,
     }
 }
 

@@ -29,6 +29,8 @@ fn grpc_code(code: ErrorCode) -> Code {
         | ErrorCode::InvalidConfig
         | ErrorCode::InvalidRequest
         | ErrorCode::InvalidReplicaAssignment
+        | ErrorCode::OutOfOrderSequenceNumber
+        | ErrorCode::InvalidProducerEpoch
         | ErrorCode::RecordTooLarge
         | ErrorCode::CorruptMessage => Code::InvalidArgument,
         ErrorCode::OffsetOutOfRange => Code::OutOfRange,

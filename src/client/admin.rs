@@ -9,10 +9,13 @@ use crate::api::proto::admin_client::AdminClient as Grpc;
 use crate::api::proto::{
     AlterTopicRequest, AlterTopicResponse, CreateTopicRequest, CreateTopicResponse,
     DeleteTopicRequest, DescribeClusterRequest, DescribeClusterResponse, DescribeTopicsRequest,
-    DescribeTopicsResponse, ElectLeadersRequest, ElectLeadersResponse, ListTopicsRequest,
-    ListTopicsResponse, TopicDescription,
+    DescribeTopicsResponse, ElectLeadersRequest, ElectLeadersResponse, InitProducerIdRequest,
+    InitProducerIdResponse, ListTopicsRequest, ListTopicsResponse, TopicDescription,
 };
 use crate::error_code::ErrorCode;
+
+/// How long `describe_topics_with_offsets` waits for each leader broker.
+const OFFSETS_FAN_OUT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Admin answers come from the controllers' authoritative metadata: an unknown topic
 /// is final, unlike for produce and fetch, where metadata may still be propagating.
@@ -140,8 +143,14 @@ impl AdminClient {
             else {
                 continue;
             };
-            let direct = AdminClient::new(vec![b.address.clone()], self.connection.timeout());
-            let Ok(answer) = direct.describe_topics(names).await else {
+            if b.state != "unfenced" {
+                continue;
+            }
+            // Best effort: a leader that does not answer quickly leaves its offsets out.
+            let direct = AdminClient::new(vec![b.address.clone()], OFFSETS_FAN_OUT_TIMEOUT);
+            let Ok(Ok(answer)) =
+                tokio::time::timeout(OFFSETS_FAN_OUT_TIMEOUT, direct.describe_topics(names)).await
+            else {
                 continue;
             };
             for theirs in answer.topics {
@@ -167,6 +176,17 @@ impl AdminClient {
             }
         }
         Ok(topics)
+    }
+
+    /// A new idempotent producer id.
+    pub async fn init_producer_id(&self) -> Result<InitProducerIdResponse, ClientError> {
+        self.connection
+            .call_retrying("init producer id", retriable, |c| async move {
+                Grpc::new(c)
+                    .init_producer_id(InitProducerIdRequest {})
+                    .await
+            })
+            .await
     }
 
     /// Preferred-leader election over `topics` (all when empty).

@@ -3,8 +3,18 @@
 //! flight overall, retries of retriable errors with a metadata refresh, and the
 //! partitioners of [`super::partitioner`].
 //!
-//! `send` hands a record to a background task and returns a future of its offset; the
-//! records of a partition are encoded client-side into one RecordBatch per request.
+//! Send modes, as RocketMQ names them: [`Producer::send_sync`] waits for the
+//! acknowledgement; [`Producer::send`] (async) returns a future of it, and
+//! [`Producer::send_with_callback`] calls a closure with it; [`Producer::send_oneway`]
+//! fires and forgets (its batches go with acks=0). The records of a partition are encoded
+//! client-side into one RecordBatch per request.
+//!
+//! Idempotence (on by default, for acks 1 and all): the producer gets a producer id from
+//! the cluster and numbers each partition's records; a retried batch carries the same
+//! numbers, so the leader recognises a batch it already holds and answers with its
+//! original offsets instead of writing it twice. With one batch in flight per partition,
+//! retries never reorder either. When a batch finally fails (its outcome unknown), the
+//! producer takes a new producer id, so later batches start a fresh sequence.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,6 +23,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
+use super::admin::AdminClient;
 use super::cluster::Cluster;
 use super::error::ClientError;
 use super::partitioner::{Partitioner, Partitioning};
@@ -42,6 +53,32 @@ pub struct ProducerConfig {
     pub partitioning: Partitioning,
     /// Compression of each batch.
     pub compression: Compression,
+    /// Idempotent producing (no duplicates from retries); ignored with acks=0.
+    pub enable_idempotence: bool,
+    /// How long one produce attempt may take before it is retried.
+    pub request_timeout: Duration,
+    /// Picks the partition of records without one (instead of `partitioning`).
+    pub partition_selector: Option<PartitionSelector>,
+}
+
+/// A custom partition selector: given the record and the partition count, the partition.
+#[derive(Clone)]
+pub struct PartitionSelector(pub Arc<SelectPartition>);
+
+/// The function behind a [`PartitionSelector`].
+pub type SelectPartition = dyn Fn(&ProducerRecord, u32) -> u32 + Send + Sync;
+
+impl std::fmt::Debug for PartitionSelector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PartitionSelector(..)")
+    }
+}
+
+impl PartitionSelector {
+    /// A selector from a closure.
+    pub fn new(f: impl Fn(&ProducerRecord, u32) -> u32 + Send + Sync + 'static) -> Self {
+        Self(Arc::new(f))
+    }
 }
 
 impl Default for ProducerConfig {
@@ -56,6 +93,9 @@ impl Default for ProducerConfig {
             delivery_timeout: Duration::from_secs(120),
             partitioning: Partitioning::Sticky,
             compression: Compression::None,
+            enable_idempotence: true,
+            request_timeout: Duration::from_secs(30),
+            partition_selector: None,
         }
     }
 }
@@ -92,11 +132,21 @@ struct Pending {
     record: ProducerRecord,
     partition: u32,
     done: Delivery,
+    oneway: bool,
 }
 
 enum Command {
-    Send(ProducerRecord, Delivery),
+    Send(ProducerRecord, Delivery, bool),
     Flush(oneshot::Sender<()>),
+}
+
+/// The idempotent producer identity, replaced after a batch finally fails.
+#[derive(Debug, Clone, Copy)]
+struct Identity {
+    producer_id: i64,
+    epoch: i16,
+    /// Bumped with every new id; partitions restart their sequence when it changes.
+    generation: u64,
 }
 
 /// A producer; cheap to share behind an `Arc`.
@@ -107,9 +157,42 @@ pub struct Producer {
 
 struct Shared {
     cluster: Cluster,
+    admin: AdminClient,
     config: ProducerConfig,
     partitioner: Partitioner,
     in_flight: Semaphore,
+    identity: tokio::sync::Mutex<Option<Identity>>,
+    generation: std::sync::atomic::AtomicU64,
+}
+
+impl Shared {
+    /// The current producer id, asking the cluster for one when there is none.
+    async fn identity(&self) -> Result<Identity, ClientError> {
+        let mut guard = self.identity.lock().await;
+        if let Some(identity) = *guard {
+            return Ok(identity);
+        }
+        let r = self.admin.init_producer_id().await?;
+        let identity = Identity {
+            producer_id: r.producer_id,
+            epoch: r.producer_epoch as i16,
+            generation: self
+                .generation
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+                + 1,
+        };
+        tracing::debug!(producer_id = identity.producer_id, "idempotent producer id");
+        *guard = Some(identity);
+        Ok(identity)
+    }
+
+    /// Drops the producer id of `generation` (a batch under it failed for good).
+    async fn abandon_identity(&self, generation: u64) {
+        let mut guard = self.identity.lock().await;
+        if guard.is_some_and(|i| i.generation == generation) {
+            *guard = None;
+        }
+    }
 }
 
 /// Batches queued per partition before the accumulator waits.
@@ -125,9 +208,12 @@ impl Producer {
     /// A producer for the cluster at `bootstrap`.
     pub fn new(bootstrap: Vec<String>, config: ProducerConfig) -> Self {
         let shared = Arc::new(Shared {
-            cluster: Cluster::new(bootstrap, Duration::from_secs(30)),
+            cluster: Cluster::new(bootstrap.clone(), Duration::from_secs(30)),
+            admin: AdminClient::new(bootstrap, Duration::from_secs(30)),
             partitioner: Partitioner::new(config.partitioning),
             in_flight: Semaphore::new(config.max_in_flight.max(1)),
+            identity: tokio::sync::Mutex::new(None),
+            generation: std::sync::atomic::AtomicU64::new(0),
             config,
         });
         let (tx, rx) = mpsc::channel(4096);
@@ -135,13 +221,43 @@ impl Producer {
         Self { tx, task }
     }
 
-    /// Queues a record; the future resolves when it is acknowledged (or failed).
+    /// Async send: queues a record; the future resolves when it is acknowledged (or
+    /// failed).
     pub async fn send(
         &self,
         record: ProducerRecord,
     ) -> impl std::future::Future<Output = Result<RecordMetadata, ClientError>> {
+        self.queue(record, false).await
+    }
+
+    /// Sync send: queues a record and waits for its acknowledgement.
+    pub async fn send_sync(&self, record: ProducerRecord) -> Result<RecordMetadata, ClientError> {
+        self.queue(record, false).await.await
+    }
+
+    /// Async send with a callback, called (on a runtime task) with the outcome.
+    pub async fn send_with_callback(
+        &self,
+        record: ProducerRecord,
+        callback: impl FnOnce(Result<RecordMetadata, ClientError>) + Send + 'static,
+    ) {
+        let outcome = self.queue(record, false).await;
+        tokio::spawn(async move { callback(outcome.await) });
+    }
+
+    /// Oneway send: queues a record and forgets it. Batches holding only oneway records go
+    /// with acks=0: nothing reports whether they arrived.
+    pub async fn send_oneway(&self, record: ProducerRecord) {
+        drop(self.queue(record, true).await);
+    }
+
+    async fn queue(
+        &self,
+        record: ProducerRecord,
+        oneway: bool,
+    ) -> impl std::future::Future<Output = Result<RecordMetadata, ClientError>> {
         let (done, rx) = oneshot::channel();
-        let queued = self.tx.send(Command::Send(record, done)).await;
+        let queued = self.tx.send(Command::Send(record, done, oneway)).await;
         async move {
             if queued.is_err() {
                 return Err(ClientError::new(
@@ -194,7 +310,7 @@ async fn accumulate(shared: Arc<Shared>, mut rx: mpsc::Receiver<Command>) {
                     }
                     let _ = done.send(());
                 }
-                Some(Command::Send(record, done)) => {
+                Some(Command::Send(record, done, oneway)) => {
                     let partition = match resolve_partition(&shared, &record).await {
                         Ok(p) => p,
                         Err(e) => {
@@ -207,7 +323,7 @@ async fn accumulate(shared: Arc<Shared>, mut rx: mpsc::Receiver<Command>) {
                         + 24;
                     let key = (record.topic.clone(), partition);
                     let entry = batches.entry(key.clone()).or_insert_with(|| (Vec::new(), 0, Instant::now()));
-                    entry.0.push(Pending { record, partition, done });
+                    entry.0.push(Pending { record, partition, done, oneway });
                     entry.1 += size;
                     if entry.1 >= shared.config.batch_size {
                         if let Some((records, _, _)) = batches.remove(&key) {
@@ -252,7 +368,22 @@ async fn resolve_partition(shared: &Shared, record: &ProducerRecord) -> Result<u
             ),
         )),
         Some(p) => Ok(p),
-        None => Ok(shared.partitioner.partition(record.key.as_deref(), count)),
+        None => match &shared.config.partition_selector {
+            Some(select) => {
+                let p = (select.0)(record, count);
+                if p >= count {
+                    return Err(ClientError::new(
+                        ErrorCode::UnknownTopicOrPartition,
+                        format!(
+                            "the partition selector chose partition {p}, but topic '{}' has {count}",
+                            record.topic
+                        ),
+                    ));
+                }
+                Ok(p)
+            }
+            None => Ok(shared.partitioner.partition(record.key.as_deref(), count)),
+        },
     }
 }
 
@@ -287,11 +418,47 @@ async fn partition_sender(
     key: (String, u32),
     mut rx: mpsc::Receiver<Vec<Pending>>,
 ) {
+    // (generation of the producer id, next sequence) for this partition.
+    let mut sequence: (u64, i32) = (0, 0);
     while let Some(records) = rx.recv().await {
         let Ok(_permit) = shared.in_flight.acquire().await else {
             return;
         };
-        let result = send_batch(&shared, &key.0, key.1, &records).await;
+        let acks = if records.iter().all(|p| p.oneway) {
+            0
+        } else {
+            shared.config.acks
+        };
+        let producer = if shared.config.enable_idempotence && acks != 0 {
+            match shared.identity().await {
+                Ok(identity) => {
+                    if identity.generation != sequence.0 {
+                        sequence = (identity.generation, 0);
+                    }
+                    Some((identity, sequence.1))
+                }
+                Err(e) => {
+                    for p in records {
+                        let _ = p.done.send(Err(e.clone()));
+                    }
+                    continue;
+                }
+            }
+        } else {
+            None
+        };
+        let result = send_batch(&shared, &key.0, key.1, &records, acks, producer).await;
+        if let Some((identity, first)) = producer {
+            match &result {
+                Ok(_) => {
+                    sequence.1 = first.wrapping_add(records.len() as i32) & i32::MAX;
+                }
+                Err(e) => {
+                    tracing::debug!(topic = %key.0, partition = key.1, error = %e, "batch failed; taking a new producer id");
+                    shared.abandon_identity(identity.generation).await;
+                }
+            }
+        }
         for (i, p) in records.into_iter().enumerate() {
             let r = result.clone().map(|base| RecordMetadata {
                 partition: p.partition,
@@ -302,9 +469,16 @@ async fn partition_sender(
     }
 }
 
-fn encode(records: &[Pending], compression: Compression) -> Result<Bytes, ClientError> {
+fn encode(
+    records: &[Pending],
+    compression: Compression,
+    producer: Option<(Identity, i32)>,
+) -> Result<Bytes, ClientError> {
     let now = now_ms();
     let mut builder = BatchBuilder::new(compression);
+    if let Some((identity, first)) = producer {
+        builder = builder.producer(identity.producer_id, identity.epoch, first);
+    }
     let mut headers: Vec<(&str, Option<&[u8]>)> = Vec::new();
     for p in records {
         headers.clear();
@@ -329,14 +503,17 @@ fn encode(records: &[Pending], compression: Compression) -> Result<Bytes, Client
     })
 }
 
-/// Sends one batch, retrying retriable errors; returns the base offset.
+/// Sends one batch, retrying retriable errors (with the same bytes, so an idempotent
+/// batch keeps its sequence numbers); returns the base offset.
 async fn send_batch(
     shared: &Shared,
     topic: &str,
     partition: u32,
     records: &[Pending],
+    acks: i32,
+    producer: Option<(Identity, i32)>,
 ) -> Result<i64, ClientError> {
-    let bytes = encode(records, shared.config.compression)?;
+    let bytes = encode(records, shared.config.compression, producer)?;
     let deadline = Instant::now() + shared.config.delivery_timeout;
     let mut attempt = 0u32;
     loop {
@@ -344,8 +521,8 @@ async fn send_batch(
             let leader = shared.cluster.leader(topic, partition).await?;
             let channel = shared.cluster.connection().channel(&leader)?;
             let request = ProduceRequest {
-                acks: shared.config.acks,
-                timeout_ms: 30_000,
+                acks,
+                timeout_ms: shared.config.request_timeout.as_millis() as u32,
                 topics: vec![TopicProduceData {
                     topic: topic.to_owned(),
                     partitions: vec![PartitionProduceData {
@@ -356,11 +533,21 @@ async fn send_batch(
                     }],
                 }],
             };
-            let response = BrokerClient::new(channel)
-                .produce(request)
-                .await
-                .map_err(ClientError::from)?
-                .into_inner();
+            let mut client = BrokerClient::new(channel);
+            let response =
+                tokio::time::timeout(shared.config.request_timeout, client.produce(request))
+                    .await
+                    .map_err(|_| {
+                        ClientError::new(
+                            ErrorCode::RequestTimedOut,
+                            format!(
+                                "no produce answer within {} ms",
+                                shared.config.request_timeout.as_millis()
+                            ),
+                        )
+                    })?
+                    .map_err(ClientError::from)?
+                    .into_inner();
             let p = response
                 .topics
                 .first()

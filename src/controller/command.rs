@@ -110,6 +110,11 @@ pub enum MetadataCommand {
         /// The partitions to move.
         reassignments: Vec<Reassignment>,
     },
+    /// Hands out `count` idempotent producer ids (the first is returned).
+    AllocateProducerIds {
+        /// How many.
+        count: u32,
+    },
     /// Hands leadership to each partition's preferred replica where it is live and in
     /// sync (Kafka's preferred leader election).
     ElectPreferredLeaders {
@@ -138,6 +143,8 @@ pub enum CommandOutput {
     Partition(PartitionRecord),
     /// How many items the command changed.
     Count(u64),
+    /// The first of the producer ids allocated.
+    ProducerIds(i64),
 }
 
 /// The result a command returns through Raft to the node that proposed it.

@@ -163,6 +163,9 @@ pub struct MetadataImage {
     pub brokers: BTreeMap<BrokerId, BrokerRecord>,
     /// Topics by name.
     pub topics: BTreeMap<String, TopicRecord>,
+    /// The next idempotent producer id to hand out.
+    #[serde(default)]
+    pub next_producer_id: i64,
 }
 
 /// Starts moving `p` to `target`: the targets become replicas (first, in order), the
@@ -310,6 +313,15 @@ impl MetadataImage {
     pub fn check(&self, cmd: &MetadataCommand) -> Result<(), MetadataError> {
         match cmd {
             MetadataCommand::InitCluster { .. } => Ok(()),
+            MetadataCommand::AllocateProducerIds { count } => {
+                if *count == 0 || *count > 1_000_000 {
+                    return reject(
+                        ErrorCode::InvalidRequest,
+                        format!("producer ids are allocated 1 to 1000000 at a time, not {count}"),
+                    );
+                }
+                Ok(())
+            }
             MetadataCommand::RegisterBroker { id, address, .. } => {
                 if id.0 < 0 {
                     return reject(
@@ -533,6 +545,11 @@ impl MetadataImage {
         }
         let mut changes = Vec::new();
         let output = match cmd {
+            MetadataCommand::AllocateProducerIds { count } => {
+                let first = self.next_producer_id;
+                self.next_producer_id += i64::from(*count);
+                CommandOutput::ProducerIds(first)
+            }
             MetadataCommand::InitCluster { cluster_id } => {
                 if self.cluster_id.is_none() {
                     self.cluster_id = Some(cluster_id.clone());

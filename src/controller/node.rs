@@ -447,6 +447,19 @@ impl ControllerNode {
         self.topic_at(&topic.name, version)
     }
 
+    /// A new idempotent producer id (epoch 0) and the metadata version.
+    pub async fn allocate_producer_id(&self) -> Result<(i64, u64), ControllerError> {
+        match self
+            .propose(MetadataCommand::AllocateProducerIds { count: 1 })
+            .await?
+        {
+            (CommandOutput::ProducerIds(id), version) => Ok((id, version)),
+            _ => Err(ControllerError::Internal(
+                "producer id allocation returned no id".to_owned(),
+            )),
+        }
+    }
+
     /// Preferred-leader election over `topics` (all when empty); returns how many
     /// partitions changed leader and the metadata version.
     pub async fn elect_preferred_leaders(

@@ -19,6 +19,7 @@ use super::clock::Clock;
 use super::epoch_cache::LeaderEpochCache;
 use super::group_commit::GroupCommit;
 use super::loader::{self, segment_config, OffsetsCheckpoint, CLEAN_SHUTDOWN_FILE};
+use super::producer_state::{self, ProducerBatch, ProducerStateTable, SequenceCheck};
 use super::retention::{segments_to_delete, SegmentSummary};
 use super::validate::{validate_batches, BatchMeta};
 use super::LogError;
@@ -36,6 +37,9 @@ pub struct AppendInfo {
     pub max_timestamp: i64,
     /// Bytes appended.
     pub size_bytes: u64,
+    /// The batches were an idempotent producer's retry of batches already in the log:
+    /// nothing was written, and the offsets are those of the first write.
+    pub duplicate: bool,
 }
 
 /// How far a read may go.
@@ -78,6 +82,9 @@ struct LogState {
     log_start_offset: u64,
     high_watermark: u64,
     epochs: LeaderEpochCache,
+    producers: ProducerStateTable,
+    /// The producer table changed since its snapshot was written.
+    producers_dirty: bool,
     unflushed_messages: u64,
     last_flush_ms: i64,
     /// A segment file was created since the last directory fsync.
@@ -148,6 +155,74 @@ const READ_ATTEMPTS: usize = 4;
 impl PartitionLog {
     /// Opens (or creates) the partition in `dir`, recovering it after a crash.
     pub fn open(dir: &Path, config: TopicConfig, clock: Arc<dyn Clock>) -> Result<Self, LogError> {
+        let log = Self::open_segments(dir, config, clock)?;
+        log.rebuild_producer_state()?;
+        Ok(log)
+    }
+
+    /// Loads the producer-state snapshot and replays the batches after it.
+    fn rebuild_producer_state(&self) -> Result<(), LogError> {
+        let snapshot = producer_state::load_snapshot(&self.dir);
+        let (start, end) = (self.log_start_offset(), self.log_end_offset());
+        let (mut table, from) = match snapshot {
+            Some((table, covered)) => (table, covered),
+            // No snapshot: producers of earlier segments are forgotten (their retries are
+            // long over); replay the active segment.
+            None => (
+                ProducerStateTable::default(),
+                *self.state.read().segments.keys().next_back().unwrap_or(&0),
+            ),
+        };
+        if from > end.0 {
+            table.truncate_to(end.0);
+        }
+        let mut next = Offset(from.clamp(start.0, end.0));
+        while next < end {
+            let data = match self.read(next, 1 << 20, Isolation::LogEnd) {
+                Ok(data) => data,
+                Err(e) => {
+                    // Reads report the damage to whoever asks; the state stays partial.
+                    tracing::warn!(partition = %self.name, offset = next.0, error = %e, "producer state replay stopped");
+                    break;
+                }
+            };
+            let mut last = None;
+            for batch in BatchIter::new(&data.records) {
+                let Ok(batch) = batch else { break };
+                let h = batch.header();
+                last = Some(h.last_offset() as u64);
+                if h.producer_id >= 0 && h.last_offset() as u64 >= next.0 {
+                    table.record(
+                        h.producer_id,
+                        h.producer_epoch,
+                        ProducerBatch {
+                            first_seq: h.base_sequence,
+                            last_seq: h.base_sequence.wrapping_add(h.last_offset_delta),
+                            first_offset: h.base_offset as u64,
+                            last_offset: h.last_offset() as u64,
+                        },
+                    );
+                }
+            }
+            match last {
+                Some(l) => next = Offset(l + 1),
+                None => break,
+            }
+        }
+        if !table.is_empty() {
+            tracing::debug!(partition = %self.name, producers = table.len(), "producer state rebuilt");
+        }
+        let mut state = self.state.write();
+        state.producers = table;
+        state.producers_dirty = false;
+        Ok(())
+    }
+
+    fn open_segments(
+        dir: &Path,
+        config: TopicConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, LogError> {
         let loaded = loader::load(dir, &config)?;
         let name = dir
             .file_name()
@@ -168,6 +243,8 @@ impl PartitionLog {
                 log_start_offset: loaded.log_start_offset,
                 high_watermark: loaded.high_watermark,
                 epochs: loaded.epochs,
+                producers: ProducerStateTable::default(),
+                producers_dirty: false,
                 unflushed_messages: 0,
                 last_flush_ms: now,
                 dir_dirty: false,
@@ -333,18 +410,26 @@ impl PartitionLog {
         let metas = validate_batches(batches, max_message_bytes, true)?;
         let mut state = self.state.write();
         self.check_online(&state)?;
+        if let Some(duplicate) = Self::check_sequences(&state, &metas)? {
+            return Ok(duplicate);
+        }
         let first = state.log_end_offset();
         let mut next = first;
+        let mut bases = Vec::with_capacity(metas.len());
         for meta in &metas {
             let batch = &mut batches[meta.position..];
             set_base_offset(batch, next as i64);
             set_partition_leader_epoch(batch, leader_epoch.0);
+            bases.push(next);
             next += meta.offset_span;
         }
         if state.epochs.assign(leader_epoch, Offset(first)) {
             self.persist_epochs_locked(&mut state)?;
         }
         let info = self.write_locked(&mut state, batches, &metas, first, next)?;
+        for (meta, base) in metas.iter().zip(bases) {
+            Self::record_producer(&mut state, meta, base);
+        }
         self.after_append(state, next)?;
         Ok(info)
     }
@@ -380,8 +465,85 @@ impl PartitionLog {
             self.persist_epochs_locked(&mut state)?;
         }
         let info = self.write_locked(&mut state, batches, &metas, first, next)?;
+        for meta in &metas {
+            Self::record_producer(&mut state, meta, meta.base_offset);
+        }
         self.after_append(state, next)?;
         Ok(info)
+    }
+
+    /// Checks idempotent producers' sequences. `Some` when every batch is a retry of
+    /// batches already in the log (nothing to write; their original offsets); an error
+    /// when any batch is out of order or fenced, or when retries and new batches mix.
+    fn check_sequences(
+        state: &LogState,
+        metas: &[BatchMeta],
+    ) -> Result<Option<AppendInfo>, LogError> {
+        let mut duplicates: Vec<ProducerBatch> = Vec::new();
+        let mut scratch: Option<ProducerStateTable> = None;
+        for meta in metas.iter().filter(|m| m.producer_id >= 0) {
+            let table = scratch.as_ref().unwrap_or(&state.producers);
+            let last_seq = meta.base_sequence.wrapping_add(meta.offset_span as i32 - 1);
+            match table.check(
+                meta.producer_id,
+                meta.producer_epoch,
+                meta.base_sequence,
+                last_seq,
+            )? {
+                SequenceCheck::Duplicate(b) => duplicates.push(b),
+                SequenceCheck::Append if metas.len() > 1 => {
+                    // Later batches of the same request are checked against this one.
+                    let table = scratch.get_or_insert_with(|| state.producers.clone());
+                    table.record(
+                        meta.producer_id,
+                        meta.producer_epoch,
+                        ProducerBatch {
+                            first_seq: meta.base_sequence,
+                            last_seq,
+                            first_offset: 0,
+                            last_offset: 0,
+                        },
+                    );
+                }
+                SequenceCheck::Append => {}
+            }
+        }
+        if duplicates.is_empty() {
+            return Ok(None);
+        }
+        if duplicates.len() != metas.len() {
+            return Err(LogError::InvalidRecord {
+                reason: "a request mixes retried batches with new ones".into(),
+            });
+        }
+        let first = duplicates.first().expect("non-empty");
+        let last = duplicates.last().expect("non-empty");
+        Ok(Some(AppendInfo {
+            first_offset: Offset(first.first_offset),
+            last_offset: Offset(last.last_offset),
+            record_count: metas.iter().map(|m| m.record_count).sum(),
+            max_timestamp: metas.iter().map(|m| m.max_timestamp).max().unwrap_or(-1),
+            size_bytes: 0,
+            duplicate: true,
+        }))
+    }
+
+    /// Records a producer's batch about to be written at `base_offset`.
+    fn record_producer(state: &mut LogState, meta: &BatchMeta, base_offset: u64) {
+        if meta.producer_id < 0 {
+            return;
+        }
+        state.producers_dirty = true;
+        state.producers.record(
+            meta.producer_id,
+            meta.producer_epoch,
+            ProducerBatch {
+                first_seq: meta.base_sequence,
+                last_seq: meta.base_sequence.wrapping_add(meta.offset_span as i32 - 1),
+                first_offset: base_offset,
+                last_offset: base_offset + meta.offset_span - 1,
+            },
+        );
     }
 
     /// Rolls if needed and writes validated, numbered batches to the active segment.
@@ -412,6 +574,7 @@ impl PartitionLog {
             record_count,
             max_timestamp,
             size_bytes: data.len() as u64,
+            duplicate: false,
         })
     }
 
@@ -794,6 +957,8 @@ impl PartitionLog {
         active.unseal()?;
         let end = state.log_end_offset();
         state.high_watermark = state.high_watermark.min(end);
+        state.producers.truncate_to(end);
+        state.producers_dirty = true;
         if state.epochs.truncate_from_end(Offset(end)) {
             self.persist_epochs_locked(&mut state)?;
         }
@@ -821,6 +986,8 @@ impl PartitionLog {
         state.high_watermark = offset.0;
         state.active_created_ms = self.clock.now_ms();
         state.epochs.clear();
+        state.producers.clear();
+        state.producers_dirty = true;
         self.persist_epochs_locked(&mut state)?;
         self.group_commit.reset(offset.0);
         self.write_checkpoint_locked(&state)?;
@@ -838,10 +1005,23 @@ impl PartitionLog {
         loader::write_offsets(&self.dir, &offsets).map_err(|e| LogError::io(&self.dir, e))
     }
 
-    /// Persists the recovery point, high watermark and log start (call periodically).
+    /// Persists the recovery point, high watermark and log start, and the producer state
+    /// (call periodically).
     pub fn checkpoint(&self) -> Result<(), LogError> {
-        let state = self.state.read();
-        self.write_checkpoint_locked(&state)
+        let mut state = self.state.write();
+        self.write_checkpoint_locked(&state)?;
+        self.save_producers_locked(&mut state, false)
+    }
+
+    /// Writes the producer-state snapshot when it changed (or always, with `force`).
+    fn save_producers_locked(&self, state: &mut LogState, force: bool) -> Result<(), LogError> {
+        if !state.producers_dirty && !force {
+            return Ok(());
+        }
+        producer_state::save_snapshot(&self.dir, &state.producers, state.log_end_offset())
+            .map_err(|e| LogError::io(&self.dir, e))?;
+        state.producers_dirty = false;
+        Ok(())
     }
 
     /// Clean shutdown: flushes everything, trims the active segment's indexes, writes the
@@ -856,6 +1036,7 @@ impl PartitionLog {
         state.active_mut().seal()?;
         self.persist_epochs_locked(&mut state)?;
         self.write_checkpoint_locked(&state)?;
+        self.save_producers_locked(&mut state, true)?;
         let marker = self.dir.join(CLEAN_SHUTDOWN_FILE);
         fs::write(&marker, b"").map_err(|e| LogError::io(&marker, e))?;
         checkpoint::sync_dir(&self.dir).map_err(|e| LogError::io(&self.dir, e))?;

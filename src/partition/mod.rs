@@ -21,6 +21,7 @@ mod epoch_cache;
 mod group_commit;
 mod loader;
 mod log;
+pub mod producer_state;
 mod retention;
 mod validate;
 
@@ -97,6 +98,9 @@ pub enum LogError {
     /// The topic config is invalid.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// An idempotent producer's batch skips, reorders or is fenced; nothing was written.
+    #[error(transparent)]
+    Sequence(#[from] producer_state::SequenceError),
     /// A file operation failed.
     #[error("I/O error on {path}: {source}")]
     Io {

@@ -916,3 +916,88 @@ fn async_flush_policy_follows_flush_messages_and_flush_ms() {
     assert_eq!(log.recovery_point(), Offset(6));
     assert!(!log.maybe_flush().unwrap(), "nothing left to flush");
 }
+
+/// A batch of `n` records of idempotent producer `pid` starting at sequence `seq`.
+fn producer_batch(tag: &str, n: usize, pid: i64, epoch: i16, seq: i32) -> Vec<u8> {
+    let mut b = BatchBuilder::new(Compression::None).producer(pid, epoch, seq);
+    for i in 0..n {
+        let v = format!("{tag}-{i}");
+        b.push(RecordRef {
+            timestamp: T0,
+            key: None,
+            value: Some(v.as_bytes()),
+            headers: &[],
+        });
+    }
+    b.build(0).unwrap()
+}
+
+#[test]
+fn idempotent_retries_are_not_written_twice_even_after_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path(), TopicConfig::default());
+    let first = log
+        .append_as_leader(&mut producer_batch("a", 3, 9, 0, 0), LeaderEpoch(0))
+        .unwrap();
+    assert!(!first.duplicate);
+    let second = log
+        .append_as_leader(&mut producer_batch("b", 2, 9, 0, 3), LeaderEpoch(0))
+        .unwrap();
+    assert_eq!(second.first_offset, Offset(3));
+    // A retry of the first batch: its original offsets, nothing written.
+    let retry = log
+        .append_as_leader(&mut producer_batch("a", 3, 9, 0, 0), LeaderEpoch(0))
+        .unwrap();
+    assert!(retry.duplicate);
+    assert_eq!(
+        (retry.first_offset, retry.last_offset),
+        (Offset(0), Offset(2))
+    );
+    assert_eq!(log.log_end_offset(), Offset(5));
+    // A gap is refused and writes nothing.
+    let gap = log.append_as_leader(&mut producer_batch("c", 1, 9, 0, 7), LeaderEpoch(0));
+    assert!(
+        matches!(
+            gap,
+            Err(LogError::Sequence(
+                producer_state::SequenceError::OutOfOrder { expected: 5, .. }
+            ))
+        ),
+        "{gap:?}"
+    );
+    assert_eq!(log.log_end_offset(), Offset(5));
+    // After a crash (no clean close, no snapshot) the state is rebuilt from the log.
+    drop(log);
+    let log = open(dir.path(), TopicConfig::default());
+    let retry = log
+        .append_as_leader(&mut producer_batch("b", 2, 9, 0, 3), LeaderEpoch(0))
+        .unwrap();
+    assert!(retry.duplicate, "state rebuilt from the log after a crash");
+    assert_eq!(retry.first_offset, Offset(3));
+    // After a clean close it comes from the snapshot.
+    log.close().unwrap();
+    let log = open(dir.path(), TopicConfig::default());
+    assert!(
+        log.append_as_leader(&mut producer_batch("b", 2, 9, 0, 3), LeaderEpoch(0))
+            .unwrap()
+            .duplicate
+    );
+    // Truncation forgets the batches it removes: the same batch may be written again.
+    log.truncate_to(Offset(3)).unwrap();
+    let again = log
+        .append_as_leader(&mut producer_batch("b", 2, 9, 0, 3), LeaderEpoch(1))
+        .unwrap();
+    assert!(!again.duplicate);
+    assert_eq!(again.first_offset, Offset(3));
+    // Followers record what they copy, so a later leader dedupes too.
+    let follower_dir = tempfile::tempdir().unwrap();
+    let follower = open(follower_dir.path(), TopicConfig::default());
+    let data = log.read(Offset(0), 1 << 20, Isolation::LogEnd).unwrap();
+    follower.append_as_follower(&data.records).unwrap();
+    assert!(
+        follower
+            .append_as_leader(&mut producer_batch("b", 2, 9, 0, 3), LeaderEpoch(2))
+            .unwrap()
+            .duplicate
+    );
+}

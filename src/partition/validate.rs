@@ -29,6 +29,12 @@ pub struct BatchMeta {
     pub base_offset: u64,
     /// Partition leader epoch as it arrived.
     pub partition_leader_epoch: i32,
+    /// Idempotent producer id (-1: none).
+    pub producer_id: i64,
+    /// Its epoch.
+    pub producer_epoch: i16,
+    /// Sequence of the first record.
+    pub base_sequence: i32,
 }
 
 /// Validates every batch in `buf`. `from_client` adds the checks a leader applies to
@@ -87,6 +93,9 @@ pub fn validate_batches(
             max_timestamp: h.max_timestamp,
             base_offset: h.base_offset as u64,
             partition_leader_epoch: h.partition_leader_epoch,
+            producer_id: h.producer_id,
+            producer_epoch: h.producer_epoch,
+            base_sequence: h.base_sequence,
         });
         position += size;
     }

@@ -13,6 +13,7 @@ use tokio::sync::watch;
 
 use super::progress::{self, FollowerProgress};
 use crate::error_code::ErrorCode;
+use crate::partition::producer_state::SequenceError;
 use crate::partition::{AppendInfo, LogError, PartitionLog};
 use crate::types::{BrokerId, LeaderEpoch, Offset};
 
@@ -43,6 +44,10 @@ impl ReplicaError {
             LogError::InvalidRecord { .. } | LogError::Corrupt { .. } => ErrorCode::CorruptMessage,
             LogError::NonContiguousAppend { .. } => ErrorCode::InvalidRequest,
             LogError::Config(_) => ErrorCode::InvalidConfig,
+            LogError::Sequence(SequenceError::OutOfOrder { .. }) => {
+                ErrorCode::OutOfOrderSequenceNumber
+            }
+            LogError::Sequence(_) => ErrorCode::InvalidProducerEpoch,
             LogError::Offline { .. } | LogError::DirectoryLocked { .. } | LogError::Io { .. } => {
                 ErrorCode::KafkaStorageError
             }
