@@ -11,6 +11,7 @@ const PROTOS: &[&str] = &[
     "proto/tidelog/v1/controller_internal.proto",
     "proto/tidelog/v1/broker.proto",
     "proto/tidelog/v1/replication.proto",
+    "proto/tidelog/v1/groups.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

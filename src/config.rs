@@ -174,6 +174,14 @@ pub struct BrokerConfig {
     pub replica_fetch_response_max_bytes: usize,
     /// How often retention (`retention.ms`, `retention.bytes`) runs over every partition (ms).
     pub log_retention_check_interval_ms: u64,
+    /// Partitions of `__consumer_offsets` when it is created (on first group use).
+    pub offsets_topic_num_partitions: u32,
+    /// Replication factor of `__consumer_offsets` (capped at the live brokers).
+    pub offsets_topic_replication_factor: u32,
+    /// Smallest session timeout a group member may ask for (ms).
+    pub group_min_session_timeout_ms: u64,
+    /// Largest session timeout a group member may ask for (ms).
+    pub group_max_session_timeout_ms: u64,
 }
 
 impl Default for BrokerConfig {
@@ -197,6 +205,10 @@ impl Default for BrokerConfig {
             replica_fetch_max_bytes: 4 * 1024 * 1024,
             replica_fetch_response_max_bytes: 16 * 1024 * 1024,
             log_retention_check_interval_ms: 300_000,
+            offsets_topic_num_partitions: 50,
+            offsets_topic_replication_factor: 3,
+            group_min_session_timeout_ms: 500,
+            group_max_session_timeout_ms: 300_000,
         }
     }
 }
@@ -235,6 +247,23 @@ impl BrokerConfig {
             return bad(format!(
                 "replica_fetch_max_bytes must be at least 1024 and at most replica_fetch_response_max_bytes, got {} and {}",
                 self.replica_fetch_max_bytes, self.replica_fetch_response_max_bytes
+            ));
+        }
+        if !(1..=10_000).contains(&self.offsets_topic_num_partitions) {
+            return bad(format!(
+                "offsets_topic_num_partitions must be 1 to 10000, got {}",
+                self.offsets_topic_num_partitions
+            ));
+        }
+        if self.offsets_topic_replication_factor == 0
+            || self.group_min_session_timeout_ms == 0
+            || self.group_min_session_timeout_ms > self.group_max_session_timeout_ms
+        {
+            return bad(format!(
+                "offsets_topic_replication_factor must be >= 1 and group_min_session_timeout_ms in 1..=group_max_session_timeout_ms (got {}, {}, {})",
+                self.offsets_topic_replication_factor,
+                self.group_min_session_timeout_ms,
+                self.group_max_session_timeout_ms
             ));
         }
         if self.log_retention_check_interval_ms == 0 {

@@ -74,6 +74,12 @@ error_codes! {
     NotEnoughReplicasAfterAppend = "NOT_ENOUGH_REPLICAS_AFTER_APPEND", true, "The records were written, but the ISR shrank below min.insync.replicas before they were committed; a retry may write them twice.";
     UnknownLeaderEpoch = "UNKNOWN_LEADER_EPOCH", true, "The leader epoch is newer than this broker knows: its metadata is behind; retry.";
     OutOfOrderSequenceNumber = "OUT_OF_ORDER_SEQUENCE_NUMBER", false, "An idempotent producer's batch does not continue its sequence (a batch before it was lost); nothing was written.";
+    NotCoordinator = "NOT_COORDINATOR", true, "This broker does not coordinate the group (any more); find the coordinator again.";
+    CoordinatorLoadInProgress = "COORDINATOR_LOAD_IN_PROGRESS", true, "The coordinator is loading the group's offsets; retry shortly.";
+    UnknownMemberId = "UNKNOWN_MEMBER_ID", false, "The group has no member with this id (it left or its session expired); join again.";
+    FencedMemberEpoch = "FENCED_MEMBER_EPOCH", false, "The member epoch is not the member's current one; join again.";
+    GroupNotEmpty = "GROUP_NOT_EMPTY", false, "The group has active members; stop them first.";
+    GroupIdNotFound = "GROUP_ID_NOT_FOUND", false, "No such group.";
     InvalidProducerEpoch = "INVALID_PRODUCER_EPOCH", false, "The producer epoch is older than the current one (a newer producer took over), or a new epoch does not start at sequence 0.";
 }
 

@@ -27,6 +27,8 @@ enum Command {
     Produce(cli::produce::ProduceArgs),
     /// Print records of a topic.
     Consume(cli::consume::ConsumeArgs),
+    /// List, describe, reset and delete consumer groups.
+    Groups(cli::groups::GroupsArgs),
     /// Load generators: perf produce, perf consume.
     Perf(cli::perf::PerfArgs),
     /// Describe the controller quorum and the brokers.
@@ -52,6 +54,7 @@ fn main() -> ExitCode {
         Command::Topics(a) => cli::topics::run(a),
         Command::Produce(a) => cli::produce::run(a),
         Command::Consume(a) => cli::consume::run(a),
+        Command::Groups(a) => cli::groups::run(a),
         Command::Perf(a) => cli::perf::run(a),
         Command::Cluster(a) => cli::cluster::run(a),
         Command::DumpLog(a) => cli::dump_log::run(a),

@@ -7,6 +7,7 @@ pub mod broker_service;
 pub mod controller_service;
 pub mod convert;
 pub mod forward;
+pub mod groups_service;
 pub mod proto;
 pub mod raft_service;
 pub mod replication_service;

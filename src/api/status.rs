@@ -19,7 +19,13 @@ pub const FORWARDED_KEY: &str = "tidelog-forwarded";
 
 fn grpc_code(code: ErrorCode) -> Code {
     match code {
-        ErrorCode::UnknownTopicOrPartition | ErrorCode::BrokerNotRegistered => Code::NotFound,
+        ErrorCode::UnknownTopicOrPartition
+        | ErrorCode::BrokerNotRegistered
+        | ErrorCode::GroupIdNotFound => Code::NotFound,
+        ErrorCode::NotCoordinator | ErrorCode::CoordinatorLoadInProgress => Code::Unavailable,
+        ErrorCode::UnknownMemberId | ErrorCode::FencedMemberEpoch | ErrorCode::GroupNotEmpty => {
+            Code::FailedPrecondition
+        }
         ErrorCode::TopicAlreadyExists | ErrorCode::DuplicateBrokerRegistration => {
             Code::AlreadyExists
         }

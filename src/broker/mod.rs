@@ -5,12 +5,14 @@
 //! - [`metadata_cache`]: the broker's copy of the cluster metadata;
 //! - [`partition_manager`]: opens, creates and deletes partition logs to match it;
 //! - [`node`]: request handling;
+//! - [`group`]: consumer group coordination and committed offsets;
 //! - [`lease`]: whether the broker may accept writes (its session is certainly alive);
 //! - [`replica_manager`]: partition roles from the metadata, fetchers, ISR proposals;
 //! - [`controller_link`]: registration, heartbeats, metadata long-poll, controlled shutdown.
 
 pub mod controller_link;
 pub mod error;
+pub mod group;
 pub mod lease;
 pub mod metadata_cache;
 pub mod node;

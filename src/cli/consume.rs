@@ -1,5 +1,8 @@
 //! `tidelog consume`: prints records of one topic, like `kafka-console-consumer.sh`, until
-//! `--max-messages` or until no record arrived for `--timeout-ms`.
+//! `--max-messages` or until no record arrived for `--timeout-ms`. With `--group` it reads
+//! as a member of a consumer group (partitions assigned by the coordinator, positions
+//! committed every `--auto-commit-interval-ms` and at exit, exactly up to the last printed
+//! record).
 
 use std::time::{Duration, Instant};
 
@@ -8,7 +11,42 @@ use serde_json::{json, Map, Value};
 use super::client_args::{block_on, ClientArgs};
 use super::dump_log::bytes_json;
 use super::{CliError, OutputFormat};
-use crate::client::consumer::{Consumer, StartAt};
+use crate::client::consumer::{Consumer, ConsumerRecord, StartAt};
+use crate::client::group_consumer::{GroupConfig, GroupConsumer, OffsetReset};
+use crate::client::ClientError;
+
+/// Where records come from: assigned partitions, or a group membership.
+enum Source {
+    Assigned(Consumer),
+    Group(GroupConsumer),
+}
+
+impl Source {
+    async fn poll(&mut self, wait: Duration) -> Result<Vec<ConsumerRecord>, ClientError> {
+        match self {
+            Source::Assigned(c) => c.poll(wait).await,
+            Source::Group(g) => g.poll(wait).await,
+        }
+    }
+
+    /// Stops reading: a group member rewinds to the first record not printed, commits and
+    /// leaves.
+    async fn finish(self, unprinted: &[ConsumerRecord]) -> Result<(), ClientError> {
+        let Source::Group(mut g) = self else {
+            return Ok(());
+        };
+        let mut first: std::collections::BTreeMap<(String, u32), i64> = Default::default();
+        for r in unprinted {
+            first
+                .entry((r.topic.clone(), r.partition))
+                .or_insert(r.offset);
+        }
+        for ((topic, partition), offset) in first {
+            g.seek(&topic, partition, StartAt::Offset(offset)).await?;
+        }
+        g.close().await
+    }
+}
 
 /// Flags of `tidelog consume`.
 #[derive(Debug, clap::Args)]
@@ -17,8 +55,27 @@ pub struct ConsumeArgs {
     #[arg(long)]
     topic: String,
     /// Read only this partition (default: all).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "group")]
     partition: Option<u32>,
+    /// Read as a member of this consumer group (committed offsets; --from-beginning then
+    /// only applies to partitions without a committed offset).
+    #[arg(long)]
+    group: Option<String>,
+    /// With --group: range, round-robin, sticky or consistent-hash.
+    #[arg(long, default_value = "range", requires = "group")]
+    strategy: String,
+    /// With --group: every member reads every partition (offsets kept per --instance-id).
+    #[arg(long, requires = "group")]
+    broadcast: bool,
+    /// With --group: a stable name for this member.
+    #[arg(long, requires = "group")]
+    instance_id: Option<String>,
+    /// With --group: the coordinator drops this member after this long without a heartbeat.
+    #[arg(long, default_value_t = 10_000, requires = "group")]
+    session_timeout_ms: u64,
+    /// With --group: how often positions are committed.
+    #[arg(long, default_value_t = 1_000, requires = "group")]
+    auto_commit_interval_ms: u64,
     /// Start at the earliest offset (default: only new records).
     #[arg(long, conflicts_with = "offset")]
     from_beginning: bool,
@@ -54,19 +111,44 @@ pub fn run(args: &ConsumeArgs) -> Result<(), CliError> {
     let timeout = args.client.timeout();
     let output = args.client.output;
     block_on(async move {
-        let mut consumer = Consumer::new(bootstrap, timeout);
-        let partitions: Vec<u32> = match args.partition {
-            Some(p) => vec![p],
-            None => (0..consumer.partition_count(&args.topic).await?).collect(),
+        let mut source = match &args.group {
+            Some(group) => Source::Group(GroupConsumer::new(
+                bootstrap,
+                GroupConfig {
+                    group: group.clone(),
+                    topics: vec![args.topic.clone()],
+                    strategy: args.strategy.clone(),
+                    broadcast: args.broadcast,
+                    instance_id: args.instance_id.clone().unwrap_or_default(),
+                    client_id: format!("tidelog-consume-{}", std::process::id()),
+                    session_timeout: Duration::from_millis(args.session_timeout_ms),
+                    auto_commit: true,
+                    auto_commit_interval: Duration::from_millis(args.auto_commit_interval_ms),
+                    auto_offset_reset: if args.from_beginning {
+                        OffsetReset::Earliest
+                    } else {
+                        OffsetReset::Latest
+                    },
+                    ..GroupConfig::default()
+                },
+            )),
+            None => {
+                let mut consumer = Consumer::new(bootstrap, timeout);
+                let partitions: Vec<u32> = match args.partition {
+                    Some(p) => vec![p],
+                    None => (0..consumer.partition_count(&args.topic).await?).collect(),
+                };
+                for p in partitions {
+                    let start = match (args.offset, args.from_beginning) {
+                        (Some(o), _) => StartAt::Offset(o),
+                        (None, true) => StartAt::Earliest,
+                        (None, false) => StartAt::Latest,
+                    };
+                    consumer.assign(&args.topic, p, start).await?;
+                }
+                Source::Assigned(consumer)
+            }
         };
-        for p in partitions {
-            let start = match (args.offset, args.from_beginning) {
-                (Some(o), _) => StartAt::Offset(o),
-                (None, true) => StartAt::Earliest,
-                (None, false) => StartAt::Latest,
-            };
-            consumer.assign(&args.topic, p, start).await?;
-        }
         let idle_limit = args.timeout_ms.map(Duration::from_millis);
         let mut last_record = Instant::now();
         let mut printed = 0u64;
@@ -77,11 +159,11 @@ pub fn run(args: &ConsumeArgs) -> Result<(), CliError> {
                         .min(Duration::from_millis(500))
                 })
                 .unwrap_or(Duration::from_millis(500));
-            let records = consumer.poll(wait).await?;
+            let records = source.poll(wait).await?;
             if !records.is_empty() {
                 last_record = Instant::now();
             }
-            for r in records {
+            for (i, r) in records.iter().enumerate() {
                 match output {
                     OutputFormat::Json => {
                         let headers: Map<String, Value> = r
@@ -115,10 +197,12 @@ pub fn run(args: &ConsumeArgs) -> Result<(), CliError> {
                 }
                 printed += 1;
                 if args.max_messages.is_some_and(|m| printed >= m) {
+                    source.finish(&records[i + 1..]).await?;
                     return Ok(());
                 }
             }
             if idle_limit.is_some_and(|l| last_record.elapsed() >= l) {
+                source.finish(&[]).await?;
                 return Ok(());
             }
         }

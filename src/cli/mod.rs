@@ -6,6 +6,7 @@ pub mod cluster;
 pub mod consume;
 pub mod controller;
 pub mod dump_log;
+pub mod groups;
 pub mod perf;
 pub mod produce;
 pub mod server_roles;

@@ -114,7 +114,9 @@ impl Consumer {
         &self.positions
     }
 
-    async fn list_offset(
+    /// ListOffsets at the partition's leader: -2 earliest, -1 latest (the high
+    /// watermark), otherwise the first offset at or after a timestamp.
+    pub async fn list_offset(
         &self,
         topic: &str,
         partition: u32,

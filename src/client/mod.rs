@@ -13,6 +13,8 @@ pub mod connection;
 pub mod consumer;
 pub mod controller;
 pub mod error;
+pub mod group_consumer;
+pub mod groups;
 pub mod partitioner;
 pub mod producer;
 

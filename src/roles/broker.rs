@@ -11,12 +11,15 @@ use super::{announce_ready, bind, incoming, shutdown_signal, RoleError};
 use crate::api::admin_service::ControllerAdminService;
 use crate::api::broker_admin_service::{AdminBackend, BrokerAdminService};
 use crate::api::broker_service::BrokerService;
+use crate::api::groups_service::GroupsService;
 use crate::api::proto::admin_server::AdminServer;
 use crate::api::proto::broker_server::BrokerServer;
+use crate::api::proto::groups_server::GroupsServer;
 use crate::api::proto::replication_server::ReplicationServer;
 use crate::api::proto::FILE_DESCRIPTOR_SET;
 use crate::api::replication_service::ReplicationService;
 use crate::broker::controller_link::{BrokerIdentity, ControllerLink};
+use crate::broker::group::{GroupCoordinator, GroupSettings};
 use crate::broker::lease::LeaderLease;
 use crate::broker::metadata_cache::MetadataCache;
 use crate::broker::node::BrokerLimits;
@@ -32,6 +35,7 @@ use crate::types::BrokerId;
 /// A broker's state and background tasks.
 pub struct BrokerRuntime {
     node: BrokerNode,
+    groups: Arc<GroupCoordinator>,
     link: Arc<ControllerLink>,
     replicas: Arc<ReplicaManager>,
     isr_changes: parking_lot::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<IsrChange>>>,
@@ -96,8 +100,19 @@ impl BrokerRuntime {
             replicas.clone(),
             lease,
         ));
+        let groups = GroupCoordinator::new(
+            node.clone(),
+            GroupSettings {
+                offsets_partitions: config.offsets_topic_num_partitions,
+                offsets_replication_factor: config.offsets_topic_replication_factor,
+                session_timeout_min: Duration::from_millis(config.group_min_session_timeout_ms),
+                session_timeout_max: Duration::from_millis(config.group_max_session_timeout_ms),
+                ..GroupSettings::default()
+            },
+        );
         Ok(Self {
             node,
+            groups,
             link,
             replicas,
             isr_changes: parking_lot::Mutex::new(Some(isr_rx)),
@@ -115,6 +130,7 @@ impl BrokerRuntime {
         BrokerServer<BrokerService>,
         AdminServer<BrokerAdminService>,
         ReplicationServer<ReplicationService>,
+        GroupsServer<GroupsService>,
     ) {
         let auto_create = self
             .config
@@ -134,7 +150,12 @@ impl BrokerRuntime {
         let replication = ReplicationServer::new(ReplicationService::new(self.node.clone()))
             .max_decoding_message_size(self.config.max_request_bytes)
             .max_encoding_message_size(self.config.replica_fetch_response_max_bytes + 1024 * 1024);
-        (broker, admin, replication)
+        let groups = GroupsServer::new(GroupsService::new(
+            self.node.clone(),
+            self.groups.clone(),
+            AdminClient::new(self.controllers.clone(), Duration::from_secs(30)),
+        ));
+        (broker, admin, replication, groups)
     }
 
     /// Registers, loads metadata, opens partitions, then keeps heartbeating and following
@@ -171,6 +192,16 @@ impl BrokerRuntime {
             ));
         }
         tasks.spawn(self.replicas.clone().run_maintenance(cancel.clone()));
+        let (groups, group_cancel) = (self.groups.clone(), cancel.clone());
+        tasks.spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = group_cancel.cancelled() => return,
+                    _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+                }
+                groups.expire_members().await;
+            }
+        });
         tasks.spawn(self.link.clone().run_metadata(cancel.clone()));
         tasks.spawn(self.link.clone().run_heartbeats(cancel.clone()));
         Ok(())
@@ -237,7 +268,7 @@ pub async fn run(config: BrokerConfig) -> Result<(), RoleError> {
     let cancel = CancellationToken::new();
     let server_cancel = CancellationToken::new();
     let tasks = TaskTracker::new();
-    let (broker, admin, replication) = runtime.services(None);
+    let (broker, admin, replication, groups) = runtime.services(None);
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<BrokerServer<BrokerService>>().await;
     let reflection = reflection_service()?;
@@ -246,6 +277,7 @@ pub async fn run(config: BrokerConfig) -> Result<(), RoleError> {
             .add_service(broker)
             .add_service(admin)
             .add_service(replication)
+            .add_service(groups)
             .add_service(health_service)
             .add_service(reflection)
             .serve_with_incoming_shutdown(

@@ -45,9 +45,9 @@ pub async fn run(
     let tasks = TaskTracker::new();
     tasks.spawn(node.clone().run_housekeeping(cancel.clone()));
     let peers = std::sync::Arc::new(PeerChannels::default());
-    let (broker_service, admin_service, replication_service) = runtime.services(Some(
-        ControllerAdminService::new(node.clone(), peers.clone()),
-    ));
+    let (broker_service, admin_service, replication_service, groups_service) = runtime.services(
+        Some(ControllerAdminService::new(node.clone(), peers.clone())),
+    );
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<BrokerServer<BrokerService>>().await;
     let server = tokio::spawn(
@@ -60,6 +60,7 @@ pub async fn run(
             .add_service(broker_service)
             .add_service(admin_service)
             .add_service(replication_service)
+            .add_service(groups_service)
             .add_service(health_service)
             .add_service(reflection_service()?)
             .serve_with_incoming_shutdown(

@@ -1,0 +1,305 @@
+//! The public `tidelog.v1.Groups` service: coordinator lookup, member heartbeats, offset
+//! commits and fetches, and group administration.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tonic::{Request, Response, Status};
+
+use super::proto::groups_server::Groups;
+use super::proto::{
+    CommittedOffset, DeleteGroupRequest, DeleteGroupResponse, DescribeGroupRequest,
+    DescribeGroupResponse, FindCoordinatorRequest, FindCoordinatorResponse, GroupHeartbeatRequest,
+    GroupHeartbeatResponse, GroupMember, GroupSummary, ListGroupsRequest, ListGroupsResponse,
+    OffsetCommitRequest, OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse,
+    TopicPartitions,
+};
+use super::status::error_status;
+use crate::broker::group::assignor::TopicPartition;
+use crate::broker::group::coordinator::Heartbeat;
+use crate::broker::group::offsets::{self, OFFSETS_TOPIC};
+use crate::broker::group::GroupCoordinator;
+use crate::broker::{BrokerError, BrokerNode};
+use crate::client::AdminClient;
+use crate::error_code::ErrorCode;
+
+/// Serves the Groups service of one broker.
+pub struct GroupsService {
+    node: BrokerNode,
+    coordinator: Arc<GroupCoordinator>,
+    admin: AdminClient,
+}
+
+fn status(e: BrokerError) -> Status {
+    error_status(e.code, e.message, None)
+}
+
+fn to_set(list: &[TopicPartitions]) -> BTreeSet<TopicPartition> {
+    list.iter()
+        .flat_map(|t| t.partitions.iter().map(|p| (t.topic.clone(), *p)))
+        .collect()
+}
+
+fn to_list(set: &BTreeSet<TopicPartition>) -> Vec<TopicPartitions> {
+    let mut by_topic: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+    for (t, p) in set {
+        by_topic.entry(t).or_default().push(*p);
+    }
+    by_topic
+        .into_iter()
+        .map(|(topic, partitions)| TopicPartitions {
+            topic: topic.to_owned(),
+            partitions,
+        })
+        .collect()
+}
+
+impl GroupsService {
+    /// A service over `node` and its coordinator; `admin` creates `__consumer_offsets`.
+    pub fn new(node: BrokerNode, coordinator: Arc<GroupCoordinator>, admin: AdminClient) -> Self {
+        Self {
+            node,
+            coordinator,
+            admin,
+        }
+    }
+
+    /// Creates `__consumer_offsets` if it does not exist, and waits until this broker's
+    /// metadata shows it with leaders.
+    async fn ensure_offsets_topic(&self) -> Result<(), Status> {
+        if self.node.metadata().topic(OFFSETS_TOPIC).is_none() {
+            let settings = self.coordinator.settings();
+            let live = self.node.metadata().read(|image| {
+                image
+                    .brokers
+                    .values()
+                    .filter(|b| b.state == crate::controller::model::BrokerState::Unfenced)
+                    .count() as u32
+            });
+            let rf = settings.offsets_replication_factor.min(live.max(1));
+            let config: BTreeMap<String, String> =
+                [("segment.bytes".to_owned(), (100 * 1024 * 1024).to_string())].into();
+            match self
+                .admin
+                .create_topic(
+                    OFFSETS_TOPIC,
+                    Some(settings.offsets_partitions),
+                    Some(rf),
+                    config,
+                )
+                .await
+            {
+                Ok(_) => tracing::info!(
+                    partitions = settings.offsets_partitions,
+                    replication_factor = rf,
+                    "created {OFFSETS_TOPIC}"
+                ),
+                Err(e) if e.code == ErrorCode::TopicAlreadyExists => {}
+                Err(e) => return Err(error_status(e.code, e.message, None)),
+            }
+        }
+        let mut version = self.node.metadata().subscribe();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let ready = self
+                .node
+                .metadata()
+                .topic(OFFSETS_TOPIC)
+                .is_some_and(|t| t.partitions.iter().all(|p| p.leader.is_some()));
+            if ready {
+                return Ok(());
+            }
+            if tokio::time::timeout_at(deadline, version.changed())
+                .await
+                .is_err()
+            {
+                return Err(error_status(
+                    ErrorCode::CoordinatorLoadInProgress,
+                    format!("{OFFSETS_TOPIC} is not ready yet"),
+                    None,
+                ));
+            }
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Groups for GroupsService {
+    async fn find_coordinator(
+        &self,
+        request: Request<FindCoordinatorRequest>,
+    ) -> Result<Response<FindCoordinatorResponse>, Status> {
+        let group = request.into_inner().group;
+        if group.is_empty() {
+            return Err(error_status(
+                ErrorCode::InvalidRequest,
+                "group must not be empty",
+                None,
+            ));
+        }
+        self.ensure_offsets_topic().await?;
+        let t = self.node.metadata().topic(OFFSETS_TOPIC).ok_or_else(|| {
+            error_status(
+                ErrorCode::CoordinatorLoadInProgress,
+                "no offsets topic",
+                None,
+            )
+        })?;
+        let partition = offsets::partition_for(&group, t.partitions.len() as u32);
+        let leader = t.partitions[partition as usize].leader.ok_or_else(|| {
+            error_status(
+                ErrorCode::CoordinatorLoadInProgress,
+                format!("{OFFSETS_TOPIC}-{partition} has no leader right now"),
+                None,
+            )
+        })?;
+        let address = self
+            .node
+            .metadata()
+            .broker_address(leader)
+            .unwrap_or_default();
+        Ok(Response::new(FindCoordinatorResponse {
+            coordinator_id: leader.0,
+            address,
+            partition,
+        }))
+    }
+
+    async fn group_heartbeat(
+        &self,
+        request: Request<GroupHeartbeatRequest>,
+    ) -> Result<Response<GroupHeartbeatResponse>, Status> {
+        let r = request.into_inner();
+        let answer = self
+            .coordinator
+            .heartbeat(Heartbeat {
+                group: r.group,
+                member_id: r.member_id,
+                member_epoch: r.member_epoch,
+                instance_id: r.instance_id,
+                client_id: r.client_id,
+                topics: r.topics,
+                topic_regex: r.topic_regex,
+                strategy: r.strategy,
+                broadcast: r.broadcast,
+                session_timeout_ms: r.session_timeout_ms,
+                owned: to_set(&r.owned),
+            })
+            .await
+            .map_err(status)?;
+        Ok(Response::new(GroupHeartbeatResponse {
+            member_id: answer.member_id,
+            member_epoch: answer.member_epoch,
+            heartbeat_interval_ms: answer.heartbeat_interval.as_millis() as u32,
+            assignment: to_list(&answer.assignment),
+        }))
+    }
+
+    async fn offset_commit(
+        &self,
+        request: Request<OffsetCommitRequest>,
+    ) -> Result<Response<OffsetCommitResponse>, Status> {
+        let r = request.into_inner();
+        let entries = r
+            .offsets
+            .into_iter()
+            .map(|o| (o.topic, o.partition, o.offset, o.metadata))
+            .collect();
+        self.coordinator
+            .commit(&r.group, &r.member_id, r.member_epoch, None, entries)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(OffsetCommitResponse {}))
+    }
+
+    async fn offset_fetch(
+        &self,
+        request: Request<OffsetFetchRequest>,
+    ) -> Result<Response<OffsetFetchResponse>, Status> {
+        let r = request.into_inner();
+        let offsets = self
+            .coordinator
+            .fetch_offsets(&r.group, &r.instance_id, &to_set(&r.partitions))
+            .await
+            .map_err(status)?;
+        Ok(Response::new(OffsetFetchResponse {
+            offsets: offsets
+                .into_iter()
+                .map(|(k, v)| CommittedOffset {
+                    topic: k.topic,
+                    partition: k.partition,
+                    offset: v.offset,
+                    metadata: v.metadata,
+                })
+                .collect(),
+        }))
+    }
+
+    async fn list_groups(
+        &self,
+        _request: Request<ListGroupsRequest>,
+    ) -> Result<Response<ListGroupsResponse>, Status> {
+        let groups = self
+            .coordinator
+            .list()
+            .await
+            .into_iter()
+            .map(|(group, state, members)| GroupSummary {
+                group,
+                state,
+                members: members as u32,
+                coordinator_id: self.node.id().0,
+            })
+            .collect();
+        Ok(Response::new(ListGroupsResponse { groups }))
+    }
+
+    async fn describe_group(
+        &self,
+        request: Request<DescribeGroupRequest>,
+    ) -> Result<Response<DescribeGroupResponse>, Status> {
+        let group = request.into_inner().group;
+        let d = self.coordinator.describe(&group).await.map_err(status)?;
+        Ok(Response::new(DescribeGroupResponse {
+            group,
+            state: d.state,
+            strategy: d.strategy.to_string(),
+            broadcast: d.broadcast,
+            group_epoch: d.epoch,
+            members: d
+                .members
+                .into_iter()
+                .map(
+                    |(member_id, instance_id, client_id, member_epoch, a)| GroupMember {
+                        member_id,
+                        instance_id,
+                        client_id,
+                        member_epoch,
+                        assignment: to_list(&a),
+                    },
+                )
+                .collect(),
+            offsets: d
+                .offsets
+                .into_iter()
+                .filter(|(k, _)| k.instance.is_empty())
+                .map(|(k, v)| CommittedOffset {
+                    topic: k.topic,
+                    partition: k.partition,
+                    offset: v.offset,
+                    metadata: v.metadata,
+                })
+                .collect(),
+        }))
+    }
+
+    async fn delete_group(
+        &self,
+        request: Request<DeleteGroupRequest>,
+    ) -> Result<Response<DeleteGroupResponse>, Status> {
+        let group = request.into_inner().group;
+        self.coordinator.delete(&group).await.map_err(status)?;
+        Ok(Response::new(DeleteGroupResponse {}))
+    }
+}

@@ -1,0 +1,108 @@
+//! Committed offsets as records of `__consumer_offsets`: the key names the group, the
+//! member instance (broadcast groups only), the topic and the partition; the value holds
+//! the offset and metadata; a null value (tombstone) deletes. The latest record of a key
+//! wins. Both are JSON, so `tidelog dump-log --print-data` shows them readably.
+
+use serde::{Deserialize, Serialize};
+
+use crate::record::{BatchBuilder, Compression, Record, RecordRef};
+
+/// The internal topic.
+pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
+
+/// What a committed offset is for.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct OffsetKey {
+    /// The group.
+    #[serde(rename = "g")]
+    pub group: String,
+    /// The member instance (broadcast groups); empty otherwise.
+    #[serde(rename = "i", default, skip_serializing_if = "String::is_empty")]
+    pub instance: String,
+    /// The topic.
+    #[serde(rename = "t")]
+    pub topic: String,
+    /// The partition.
+    #[serde(rename = "p")]
+    pub partition: u32,
+}
+
+/// A committed offset.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OffsetValue {
+    /// The next offset to consume.
+    #[serde(rename = "o")]
+    pub offset: i64,
+    /// Client metadata.
+    #[serde(rename = "m", default)]
+    pub metadata: String,
+    /// When it was committed (ms).
+    #[serde(rename = "ts", default)]
+    pub timestamp: i64,
+}
+
+/// Encodes commits (`None`: delete) as one batch.
+pub fn encode(entries: &[(OffsetKey, Option<OffsetValue>)], now_ms: i64) -> Vec<u8> {
+    let mut builder = BatchBuilder::new(Compression::None);
+    let encoded: Vec<(Vec<u8>, Option<Vec<u8>>)> = entries
+        .iter()
+        .map(|(k, v)| {
+            (
+                serde_json::to_vec(k).expect("serializable"),
+                v.as_ref()
+                    .map(|v| serde_json::to_vec(v).expect("serializable")),
+            )
+        })
+        .collect();
+    for (key, value) in &encoded {
+        builder.push(RecordRef {
+            timestamp: now_ms,
+            key: Some(key),
+            value: value.as_deref(),
+            headers: &[],
+        });
+    }
+    builder.build(0).expect("at least one record")
+}
+
+/// Decodes one record of the offsets topic; `None` for records it does not recognise.
+pub fn decode(record: &Record) -> Option<(OffsetKey, Option<OffsetValue>)> {
+    let key: OffsetKey = serde_json::from_slice(record.key.as_deref()?).ok()?;
+    let value = match &record.value {
+        None => None,
+        Some(v) => Some(serde_json::from_slice(v).ok()?),
+    };
+    Some((key, value))
+}
+
+/// The offsets partition of a group: a stable hash of its name modulo the partition count.
+pub fn partition_for(group: &str, partitions: u32) -> u32 {
+    crc32c::crc32c(group.as_bytes()) % partitions.max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::decode_data_records;
+
+    #[test]
+    fn commits_and_tombstones_round_trip() {
+        let k = OffsetKey {
+            group: "g".into(),
+            instance: String::new(),
+            topic: "t".into(),
+            partition: 3,
+        };
+        let v = OffsetValue {
+            offset: 42,
+            metadata: "m".into(),
+            timestamp: 7,
+        };
+        let bytes = encode(&[(k.clone(), Some(v.clone())), (k.clone(), None)], 7);
+        let records = decode_data_records(&bytes, 1 << 20).unwrap();
+        assert_eq!(decode(&records[0]), Some((k.clone(), Some(v))));
+        assert_eq!(decode(&records[1]), Some((k, None)));
+        assert_eq!(partition_for("g", 50), partition_for("g", 50));
+        assert!(partition_for("another", 50) < 50);
+    }
+}

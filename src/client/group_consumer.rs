@@ -1,0 +1,545 @@
+//! The group consumer: subscribe to topics (or a pattern) as a member of a consumer group;
+//! the group's coordinator assigns partitions (server-side), and the consumer reads them
+//! from their committed offsets.
+//!
+//! A background task heartbeats to the coordinator and keeps the latest assignment; each
+//! `poll` first reconciles with it: partitions taken away are committed (with auto commit)
+//! and released, new ones start at their committed offset (or per `auto_offset_reset`).
+//! The next heartbeat reports what the consumer holds, which is what lets the coordinator
+//! hand released partitions to other members: no two members read a partition at once.
+//! Delivery is at least once: records returned by `poll` count as consumed when the
+//! positions are committed (automatically every `auto_commit_interval`, on revocation
+//! and at `close`, or by `commit_sync` / `commit_async`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+use tonic::transport::Channel;
+
+use super::connection::Connection;
+use super::consumer::{Consumer, ConsumerRecord, StartAt};
+use super::error::ClientError;
+use crate::api::proto::groups_client::GroupsClient;
+use crate::api::proto::{
+    CommittedOffset, FindCoordinatorRequest, GroupHeartbeatRequest, OffsetCommitRequest,
+    OffsetFetchRequest, TopicPartitions,
+};
+use crate::error_code::ErrorCode;
+
+/// A topic partition.
+pub type TopicPartition = (String, u32);
+
+/// Where to start a partition without a committed offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OffsetReset {
+    /// The log start.
+    Earliest,
+    /// The end: only new records.
+    Latest,
+    /// Fail the poll.
+    None,
+}
+
+/// Group consumer settings (Kafka's names in snake case).
+#[derive(Debug, Clone)]
+pub struct GroupConfig {
+    /// The group.
+    pub group: String,
+    /// Topics to subscribe to.
+    pub topics: Vec<String>,
+    /// A pattern: topics whose whole name matches are subscribed too.
+    pub topic_regex: Option<String>,
+    /// range, round-robin, sticky or consistent-hash.
+    pub strategy: String,
+    /// Every member reads every partition; offsets are kept per `instance_id`.
+    pub broadcast: bool,
+    /// A stable name for this member (needed to resume broadcast offsets).
+    pub instance_id: String,
+    /// A name shown in `groups describe`.
+    pub client_id: String,
+    /// The coordinator drops the member after this long without a heartbeat.
+    pub session_timeout: Duration,
+    /// Commit positions automatically.
+    pub auto_commit: bool,
+    /// How often auto commit runs.
+    pub auto_commit_interval: Duration,
+    /// Start of partitions without a committed offset.
+    pub auto_offset_reset: OffsetReset,
+}
+
+impl Default for GroupConfig {
+    fn default() -> Self {
+        Self {
+            group: String::new(),
+            topics: Vec::new(),
+            topic_regex: None,
+            strategy: "range".into(),
+            broadcast: false,
+            instance_id: String::new(),
+            client_id: "tidelog".into(),
+            session_timeout: Duration::from_secs(45),
+            auto_commit: true,
+            auto_commit_interval: Duration::from_secs(5),
+            auto_offset_reset: OffsetReset::Latest,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Membership {
+    member_id: String,
+    epoch: i32,
+    /// The latest assignment from the coordinator.
+    target: BTreeSet<TopicPartition>,
+    /// What the consumer side holds (reported in heartbeats).
+    owned: BTreeSet<TopicPartition>,
+    /// The coordinator's address, once found.
+    coordinator: Option<String>,
+    /// A fatal error for the next poll.
+    failed: Option<ClientError>,
+    leaving: bool,
+}
+
+struct Shared {
+    config: GroupConfig,
+    connection: Connection,
+    membership: Mutex<Membership>,
+    wake: Notify,
+}
+
+impl Shared {
+    async fn coordinator(&self) -> Result<GroupsClient<Channel>, ClientError> {
+        let known = self.membership.lock().coordinator.clone();
+        let address = match known {
+            Some(a) => a,
+            None => {
+                let group = self.config.group.clone();
+                let r = self
+                    .connection
+                    .call("find coordinator", |c| {
+                        let group = group.clone();
+                        async move {
+                            GroupsClient::new(c)
+                                .find_coordinator(FindCoordinatorRequest { group })
+                                .await
+                        }
+                    })
+                    .await?;
+                self.membership.lock().coordinator = Some(r.address.clone());
+                r.address
+            }
+        };
+        Ok(GroupsClient::new(self.connection.channel(&address)?))
+    }
+
+    fn forget_coordinator(&self) {
+        self.membership.lock().coordinator = None;
+    }
+
+    /// One heartbeat; returns how long to wait before the next.
+    async fn heartbeat(&self) -> Duration {
+        let (member_id, epoch, owned, leaving) = {
+            let m = self.membership.lock();
+            (m.member_id.clone(), m.epoch, m.owned.clone(), m.leaving)
+        };
+        let request = GroupHeartbeatRequest {
+            group: self.config.group.clone(),
+            member_id: member_id.clone(),
+            member_epoch: if leaving { -1 } else { epoch },
+            instance_id: self.config.instance_id.clone(),
+            client_id: self.config.client_id.clone(),
+            topics: self.config.topics.clone(),
+            topic_regex: self.config.topic_regex.clone().unwrap_or_default(),
+            strategy: self.config.strategy.clone(),
+            broadcast: self.config.broadcast,
+            session_timeout_ms: self.config.session_timeout.as_millis() as u32,
+            owned: to_list(&owned),
+        };
+        let outcome = async {
+            let mut client = self.coordinator().await?;
+            tokio::time::timeout(Duration::from_secs(10), client.group_heartbeat(request))
+                .await
+                .map_err(|_| ClientError::new(ErrorCode::RequestTimedOut, "heartbeat timed out"))?
+                .map_err(ClientError::from)
+        }
+        .await;
+        let backoff = Duration::from_millis(200);
+        match outcome {
+            Ok(r) => {
+                let r = r.into_inner();
+                let mut m = self.membership.lock();
+                if leaving {
+                    return Duration::from_secs(3600);
+                }
+                m.member_id = r.member_id;
+                m.epoch = r.member_epoch;
+                m.target = to_set(&r.assignment);
+                Duration::from_millis(u64::from(r.heartbeat_interval_ms.max(50)))
+            }
+            Err(e)
+                if matches!(
+                    e.code,
+                    ErrorCode::UnknownMemberId | ErrorCode::FencedMemberEpoch
+                ) =>
+            {
+                tracing::info!(group = %self.config.group, error = %e, "rejoining the group");
+                let mut m = self.membership.lock();
+                m.member_id.clear();
+                m.epoch = 0;
+                m.target.clear();
+                Duration::ZERO
+            }
+            Err(e) if e.is_retriable() || e.code == ErrorCode::NotCoordinator => {
+                tracing::debug!(group = %self.config.group, error = %e, "heartbeat failed; finding the coordinator again");
+                self.forget_coordinator();
+                backoff
+            }
+            Err(e) => {
+                self.membership.lock().failed = Some(e);
+                backoff * 5
+            }
+        }
+    }
+}
+
+fn to_list(set: &BTreeSet<TopicPartition>) -> Vec<TopicPartitions> {
+    let mut by_topic: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+    for (t, p) in set {
+        by_topic.entry(t).or_default().push(*p);
+    }
+    by_topic
+        .into_iter()
+        .map(|(topic, partitions)| TopicPartitions {
+            topic: topic.to_owned(),
+            partitions,
+        })
+        .collect()
+}
+
+fn to_set(list: &[TopicPartitions]) -> BTreeSet<TopicPartition> {
+    list.iter()
+        .flat_map(|t| t.partitions.iter().map(|p| (t.topic.clone(), *p)))
+        .collect()
+}
+
+/// A member of a consumer group.
+pub struct GroupConsumer {
+    shared: Arc<Shared>,
+    consumer: Consumer,
+    /// Paused partitions and their positions.
+    paused: BTreeMap<TopicPartition, i64>,
+    last_commit: Instant,
+    /// Positions as last committed.
+    committed: BTreeMap<TopicPartition, i64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl GroupConsumer {
+    /// Joins `config.group` through the cluster at `bootstrap`.
+    pub fn new(bootstrap: Vec<String>, config: GroupConfig) -> Self {
+        let shared = Arc::new(Shared {
+            connection: Connection::new(bootstrap.clone(), Duration::from_secs(30)),
+            config,
+            membership: Mutex::new(Membership::default()),
+            wake: Notify::new(),
+        });
+        let task = {
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                loop {
+                    let wait = shared.heartbeat().await;
+                    tokio::select! {
+                        _ = shared.wake.notified() => {}
+                        _ = tokio::time::sleep(wait) => {}
+                    }
+                }
+            })
+        };
+        Self {
+            shared,
+            consumer: Consumer::new(bootstrap, Duration::from_secs(30)),
+            paused: BTreeMap::new(),
+            last_commit: Instant::now(),
+            committed: BTreeMap::new(),
+            task,
+        }
+    }
+
+    /// The partitions this member holds now.
+    pub fn assignment(&self) -> BTreeSet<TopicPartition> {
+        self.shared.membership.lock().owned.clone()
+    }
+
+    /// The member id the coordinator gave (empty until the first answer).
+    pub fn member_id(&self) -> String {
+        self.shared.membership.lock().member_id.clone()
+    }
+
+    /// Takes in the coordinator's latest assignment: releases (after committing, with
+    /// auto commit) what moved away, starts what is new at its committed offset.
+    async fn reconcile(&mut self) -> Result<(), ClientError> {
+        let (target, owned, failed) = {
+            let mut m = self.shared.membership.lock();
+            (m.target.clone(), m.owned.clone(), m.failed.take())
+        };
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        if target == owned {
+            return Ok(());
+        }
+        let revoked: BTreeSet<TopicPartition> = owned.difference(&target).cloned().collect();
+        if !revoked.is_empty() {
+            if self.shared.config.auto_commit {
+                if let Err(e) = self.commit_partitions(&revoked).await {
+                    tracing::warn!(error = %e, "commit of revoked partitions failed");
+                }
+            }
+            for tp in &revoked {
+                self.consumer.unassign(&tp.0, tp.1);
+                self.paused.remove(tp);
+            }
+        }
+        let added: BTreeSet<TopicPartition> = target.difference(&owned).cloned().collect();
+        if !added.is_empty() {
+            let committed = self.fetch_committed(&added).await?;
+            for tp in &added {
+                let start = match committed.get(tp) {
+                    Some(&o) => StartAt::Offset(o),
+                    None => match self.shared.config.auto_offset_reset {
+                        OffsetReset::Earliest => StartAt::Earliest,
+                        OffsetReset::Latest => StartAt::Latest,
+                        OffsetReset::None => {
+                            return Err(ClientError::new(
+                                ErrorCode::OffsetOutOfRange,
+                                format!(
+                                    "{}-{}: no committed offset for group '{}' and auto_offset_reset is none",
+                                    tp.0, tp.1, self.shared.config.group
+                                ),
+                            ))
+                        }
+                    },
+                };
+                self.consumer.assign(&tp.0, tp.1, start).await?;
+                if let Some(&o) = committed.get(tp) {
+                    self.committed.insert(tp.clone(), o);
+                }
+            }
+        }
+        let now_owned: BTreeSet<TopicPartition> =
+            owned.difference(&revoked).cloned().chain(added).collect();
+        self.shared.membership.lock().owned = now_owned;
+        // Tell the coordinator at once, so released partitions move on quickly.
+        self.shared.wake.notify_one();
+        Ok(())
+    }
+
+    async fn fetch_committed(
+        &self,
+        partitions: &BTreeSet<TopicPartition>,
+    ) -> Result<BTreeMap<TopicPartition, i64>, ClientError> {
+        let request = OffsetFetchRequest {
+            group: self.shared.config.group.clone(),
+            instance_id: if self.shared.config.broadcast {
+                self.instance_key()
+            } else {
+                String::new()
+            },
+            partitions: to_list(partitions),
+        };
+        for _ in 0..50 {
+            let result = async {
+                let mut client = self.shared.coordinator().await?;
+                client
+                    .offset_fetch(request.clone())
+                    .await
+                    .map_err(ClientError::from)
+            }
+            .await;
+            match result {
+                Ok(r) => {
+                    return Ok(r
+                        .into_inner()
+                        .offsets
+                        .into_iter()
+                        .map(|o| ((o.topic, o.partition), o.offset))
+                        .collect())
+                }
+                Err(e) if e.is_retriable() => {
+                    self.shared.forget_coordinator();
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(ClientError::new(
+            ErrorCode::RequestTimedOut,
+            "could not fetch committed offsets",
+        ))
+    }
+
+    fn instance_key(&self) -> String {
+        let m = self.shared.membership.lock();
+        if self.shared.config.instance_id.is_empty() {
+            m.member_id.clone()
+        } else {
+            self.shared.config.instance_id.clone()
+        }
+    }
+
+    /// Reads the next records of the assigned partitions, waiting up to `max_wait`.
+    pub async fn poll(&mut self, max_wait: Duration) -> Result<Vec<ConsumerRecord>, ClientError> {
+        self.reconcile().await?;
+        if self.shared.config.auto_commit
+            && self.last_commit.elapsed() >= self.shared.config.auto_commit_interval
+        {
+            if let Err(e) = self.commit_sync().await {
+                tracing::warn!(error = %e, "auto commit failed");
+            }
+        }
+        if self.consumer.positions().is_empty() {
+            tokio::time::sleep(max_wait.min(Duration::from_millis(100))).await;
+            return Ok(Vec::new());
+        }
+        self.consumer.poll(max_wait).await
+    }
+
+    /// Commits the positions of every held partition and waits for the answer.
+    pub async fn commit_sync(&mut self) -> Result<(), ClientError> {
+        let owned = self.shared.membership.lock().owned.clone();
+        self.commit_partitions(&owned).await
+    }
+
+    /// Commits in the background; failures are logged.
+    pub fn commit_async(&mut self) {
+        let offsets = self.offsets_to_commit(&self.shared.membership.lock().owned.clone());
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            if let Err(e) = commit(&shared, offsets).await {
+                tracing::warn!(error = %e, "async commit failed");
+            }
+        });
+        self.last_commit = Instant::now();
+    }
+
+    fn offsets_to_commit(&self, partitions: &BTreeSet<TopicPartition>) -> Vec<CommittedOffset> {
+        partitions
+            .iter()
+            .filter_map(|tp| {
+                let position = self
+                    .consumer
+                    .positions()
+                    .get(tp)
+                    .or_else(|| self.paused.get(tp))?;
+                (self.committed.get(tp) != Some(position)).then(|| CommittedOffset {
+                    topic: tp.0.clone(),
+                    partition: tp.1,
+                    offset: *position,
+                    metadata: String::new(),
+                })
+            })
+            .collect()
+    }
+
+    async fn commit_partitions(
+        &mut self,
+        partitions: &BTreeSet<TopicPartition>,
+    ) -> Result<(), ClientError> {
+        let offsets = self.offsets_to_commit(partitions);
+        self.last_commit = Instant::now();
+        if offsets.is_empty() {
+            return Ok(());
+        }
+        commit(&self.shared, offsets.clone()).await?;
+        for o in offsets {
+            self.committed.insert((o.topic, o.partition), o.offset);
+        }
+        Ok(())
+    }
+
+    /// Moves a held partition's position.
+    pub async fn seek(
+        &mut self,
+        topic: &str,
+        partition: u32,
+        to: StartAt,
+    ) -> Result<(), ClientError> {
+        self.consumer.seek(topic, partition, to).await
+    }
+
+    /// Stops fetching a held partition (it stays assigned).
+    pub fn pause(&mut self, topic: &str, partition: u32) {
+        let tp = (topic.to_owned(), partition);
+        if let Some(&position) = self.consumer.positions().get(&tp) {
+            self.consumer.unassign(topic, partition);
+            self.paused.insert(tp, position);
+        }
+    }
+
+    /// Fetches a paused partition again, from where it stopped.
+    pub async fn resume(&mut self, topic: &str, partition: u32) -> Result<(), ClientError> {
+        if let Some(position) = self.paused.remove(&(topic.to_owned(), partition)) {
+            self.consumer
+                .assign(topic, partition, StartAt::Offset(position))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Commits (with auto commit) and leaves the group.
+    pub async fn close(mut self) -> Result<(), ClientError> {
+        let committed = if self.shared.config.auto_commit {
+            self.commit_sync().await
+        } else {
+            Ok(())
+        };
+        self.task.abort();
+        self.shared.membership.lock().leaving = true;
+        self.shared.heartbeat().await;
+        committed
+    }
+}
+
+impl Drop for GroupConsumer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn commit(shared: &Shared, offsets: Vec<CommittedOffset>) -> Result<(), ClientError> {
+    for _ in 0..50 {
+        let (member_id, member_epoch) = {
+            let m = shared.membership.lock();
+            (m.member_id.clone(), m.epoch)
+        };
+        let request = OffsetCommitRequest {
+            group: shared.config.group.clone(),
+            member_id,
+            member_epoch,
+            offsets: offsets.clone(),
+        };
+        let result = async {
+            let mut client = shared.coordinator().await?;
+            client
+                .offset_commit(request)
+                .await
+                .map_err(ClientError::from)
+        }
+        .await;
+        match result {
+            Ok(_) => return Ok(()),
+            Err(e) if e.is_retriable() => {
+                shared.forget_coordinator();
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(ClientError::new(
+        ErrorCode::RequestTimedOut,
+        "could not commit offsets",
+    ))
+}

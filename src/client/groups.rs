@@ -1,0 +1,127 @@
+//! Group administration for the CLI: find a group's coordinator, list, describe (with lag),
+//! reset offsets and delete groups.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tonic::transport::Channel;
+
+use super::admin::AdminClient;
+use super::connection::Connection;
+use super::consumer::Consumer;
+use super::error::ClientError;
+use crate::api::proto::groups_client::GroupsClient;
+use crate::api::proto::{
+    CommittedOffset, DeleteGroupRequest, DescribeGroupRequest, DescribeGroupResponse,
+    FindCoordinatorRequest, GroupSummary, ListGroupsRequest, OffsetCommitRequest,
+};
+
+/// Group administration through the cluster at some bootstrap addresses.
+pub struct GroupsAdmin {
+    connection: Connection,
+    bootstrap: Vec<String>,
+    timeout: Duration,
+}
+
+impl GroupsAdmin {
+    /// An admin client; calls give up after `timeout`.
+    pub fn new(bootstrap: Vec<String>, timeout: Duration) -> Self {
+        Self {
+            connection: Connection::new(bootstrap.clone(), timeout),
+            bootstrap,
+            timeout,
+        }
+    }
+
+    async fn coordinator(&self, group: &str) -> Result<GroupsClient<Channel>, ClientError> {
+        let group = group.to_owned();
+        let r = self
+            .connection
+            .call("find coordinator", |c| {
+                let group = group.clone();
+                async move {
+                    GroupsClient::new(c)
+                        .find_coordinator(FindCoordinatorRequest { group })
+                        .await
+                }
+            })
+            .await?;
+        Ok(GroupsClient::new(self.connection.channel(&r.address)?))
+    }
+
+    /// Every group, from every live broker.
+    pub async fn list(&self) -> Result<Vec<GroupSummary>, ClientError> {
+        let cluster = AdminClient::new(self.bootstrap.clone(), self.timeout)
+            .describe_cluster()
+            .await?;
+        let mut out = Vec::new();
+        for b in cluster.brokers.iter().filter_map(|b| b.broker.as_ref()) {
+            if b.state != "unfenced" {
+                continue;
+            }
+            let Ok(channel) = self.connection.channel(&b.address) else {
+                continue;
+            };
+            let mut client = GroupsClient::new(channel);
+            let call = client.list_groups(ListGroupsRequest {});
+            if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(5), call).await {
+                out.extend(r.into_inner().groups);
+            }
+        }
+        out.sort_by(|a, b| a.group.cmp(&b.group));
+        Ok(out)
+    }
+
+    /// A group's members, assignments and committed offsets.
+    pub async fn describe(&self, group: &str) -> Result<DescribeGroupResponse, ClientError> {
+        let mut client = self.coordinator(group).await?;
+        Ok(client
+            .describe_group(DescribeGroupRequest {
+                group: group.to_owned(),
+            })
+            .await?
+            .into_inner())
+    }
+
+    /// The high watermark of each partition (for lag).
+    pub async fn log_ends(
+        &self,
+        partitions: &[(String, u32)],
+    ) -> Result<BTreeMap<(String, u32), i64>, ClientError> {
+        let consumer = Consumer::new(self.bootstrap.clone(), self.timeout);
+        let mut out = BTreeMap::new();
+        for (t, p) in partitions {
+            out.insert((t.clone(), *p), consumer.list_offset(t, *p, -1).await?);
+        }
+        Ok(out)
+    }
+
+    /// Sets committed offsets of a group without members.
+    pub async fn reset(
+        &self,
+        group: &str,
+        offsets: Vec<CommittedOffset>,
+    ) -> Result<(), ClientError> {
+        let mut client = self.coordinator(group).await?;
+        client
+            .offset_commit(OffsetCommitRequest {
+                group: group.to_owned(),
+                member_id: String::new(),
+                member_epoch: -1,
+                offsets,
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Deletes a group without members.
+    pub async fn delete(&self, group: &str) -> Result<(), ClientError> {
+        let mut client = self.coordinator(group).await?;
+        client
+            .delete_group(DeleteGroupRequest {
+                group: group.to_owned(),
+            })
+            .await?;
+        Ok(())
+    }
+}
