@@ -11,6 +11,7 @@ use super::client_args::{block_on, ClientArgs};
 use super::produce::parse_acks;
 use super::{CliError, OutputFormat};
 use crate::client::consumer::{Consumer, StartAt};
+use crate::client::group_consumer::{GroupConfig, GroupConsumer, OffsetReset};
 use crate::client::producer::{Producer, ProducerConfig, ProducerRecord};
 
 /// `tidelog perf ...`.
@@ -56,6 +57,10 @@ enum PerfCommand {
         /// Stop after this many records.
         #[arg(long)]
         num_records: u64,
+        /// Consume as a member of this group (partitions from the coordinator, from the
+        /// group's committed offsets or the earliest; commits at the end).
+        #[arg(long)]
+        group: Option<String>,
     },
 }
 
@@ -90,11 +95,16 @@ pub fn run(args: &PerfArgs) -> Result<(), CliError> {
                 output,
             ))?
         }
-        PerfCommand::Consume { topic, num_records } => block_on(consume(
+        PerfCommand::Consume {
+            topic,
+            num_records,
+            group,
+        } => block_on(consume(
             bootstrap,
             args.client.timeout(),
             topic,
             *num_records,
+            group.clone(),
             output,
         ))?,
     }
@@ -228,23 +238,49 @@ async fn produce(
     }
 }
 
+/// Where `perf consume` reads from.
+enum PerfSource {
+    Assigned(Consumer),
+    Group(GroupConsumer),
+}
+
 async fn consume(
     bootstrap: Vec<String>,
     timeout: Duration,
     topic: &str,
     num_records: u64,
+    group: Option<String>,
     output: OutputFormat,
 ) -> Result<(), CliError> {
-    let mut consumer = Consumer::new(bootstrap, timeout);
-    for p in 0..consumer.partition_count(topic).await? {
-        consumer.assign(topic, p, StartAt::Earliest).await?;
-    }
+    let mut source = match group {
+        Some(group) => PerfSource::Group(GroupConsumer::new(
+            bootstrap,
+            GroupConfig {
+                group,
+                topics: vec![topic.to_owned()],
+                auto_offset_reset: OffsetReset::Earliest,
+                client_id: format!("tidelog-perf-{}", std::process::id()),
+                session_timeout: Duration::from_secs(10),
+                ..GroupConfig::default()
+            },
+        )),
+        None => {
+            let mut consumer = Consumer::new(bootstrap, timeout);
+            for p in 0..consumer.partition_count(topic).await? {
+                consumer.assign(topic, p, StartAt::Earliest).await?;
+            }
+            PerfSource::Assigned(consumer)
+        }
+    };
     let start = Instant::now();
     let (mut records, mut bytes) = (0u64, 0u64);
     let mut last_report = Instant::now();
     let mut last_data = Instant::now();
     while records < num_records {
-        let batch = consumer.poll(Duration::from_millis(500)).await?;
+        let batch = match &mut source {
+            PerfSource::Assigned(c) => c.poll(Duration::from_millis(500)).await?,
+            PerfSource::Group(g) => g.poll(Duration::from_millis(500)).await?,
+        };
         if batch.is_empty() && last_data.elapsed() > timeout {
             return Err(CliError::new(
                 "REQUEST_TIMED_OUT",
@@ -273,6 +309,9 @@ async fn consume(
         }
     }
     let secs = start.elapsed().as_secs_f64();
+    if let PerfSource::Group(g) = source {
+        g.close().await?;
+    }
     let summary = json!({
         "records": records,
         "seconds": secs,

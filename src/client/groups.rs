@@ -72,15 +72,39 @@ impl GroupsAdmin {
         Ok(out)
     }
 
+    /// Runs `call` at the group's coordinator, finding it again after retriable errors
+    /// (a coordinator moving or still loading) until the timeout.
+    async fn at_coordinator<T, F, Fut>(&self, group: &str, call: F) -> Result<T, ClientError>
+    where
+        F: Fn(GroupsClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let deadline = std::time::Instant::now() + self.timeout;
+        loop {
+            let result = async {
+                let client = self.coordinator(group).await?;
+                Ok::<_, ClientError>(call(client).await?.into_inner())
+            }
+            .await;
+            match result {
+                Err(e) if e.is_retriable() && std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// A group's members, assignments and committed offsets.
     pub async fn describe(&self, group: &str) -> Result<DescribeGroupResponse, ClientError> {
-        let mut client = self.coordinator(group).await?;
-        Ok(client
-            .describe_group(DescribeGroupRequest {
-                group: group.to_owned(),
-            })
-            .await?
-            .into_inner())
+        let request = DescribeGroupRequest {
+            group: group.to_owned(),
+        };
+        self.at_coordinator(group, |mut c| {
+            let r = request.clone();
+            async move { c.describe_group(r).await }
+        })
+        .await
     }
 
     /// The high watermark of each partition (for lag).
@@ -102,26 +126,30 @@ impl GroupsAdmin {
         group: &str,
         offsets: Vec<CommittedOffset>,
     ) -> Result<(), ClientError> {
-        let mut client = self.coordinator(group).await?;
-        client
-            .offset_commit(OffsetCommitRequest {
-                group: group.to_owned(),
-                member_id: String::new(),
-                member_epoch: -1,
-                offsets,
-            })
-            .await?;
-        Ok(())
+        let request = OffsetCommitRequest {
+            group: group.to_owned(),
+            member_id: String::new(),
+            member_epoch: -1,
+            offsets,
+        };
+        self.at_coordinator(group, |mut c| {
+            let r = request.clone();
+            async move { c.offset_commit(r).await }
+        })
+        .await
+        .map(|_| ())
     }
 
     /// Deletes a group without members.
     pub async fn delete(&self, group: &str) -> Result<(), ClientError> {
-        let mut client = self.coordinator(group).await?;
-        client
-            .delete_group(DeleteGroupRequest {
-                group: group.to_owned(),
-            })
-            .await?;
-        Ok(())
+        let request = DeleteGroupRequest {
+            group: group.to_owned(),
+        };
+        self.at_coordinator(group, |mut c| {
+            let r = request.clone();
+            async move { c.delete_group(r).await }
+        })
+        .await
+        .map(|_| ())
     }
 }

@@ -1,0 +1,449 @@
+//! Consumer groups with real processes: members are `tidelog consume --group` processes
+//! whose output is collected; one is killed -9 and its partitions move to the others
+//! without losing a record; broadcast members each get everything; committed offsets
+//! survive the loss of the coordinator's broker; `groups describe` shows the lag.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{binary, cli, eventually, free_ports, BrokerCluster, Proc, FAST_RAFT};
+use tidelog::api::proto::groups_client::GroupsClient;
+use tidelog::api::proto::FindCoordinatorRequest;
+use tidelog::client::AdminClient;
+
+fn standalone(dir: &Path, port: u16) -> Proc {
+    let args = vec![
+        "--data-dir".to_owned(),
+        dir.join("data").display().to_string(),
+        "--listen".to_owned(),
+        format!("127.0.0.1:{port}"),
+    ];
+    let env: Vec<(&str, &str)> = FAST_RAFT
+        .iter()
+        .copied()
+        .chain([("TIDELOG_OFFSETS_TOPIC_NUM_PARTITIONS", "4")])
+        .collect();
+    Proc::start("standalone", &args, &env, dir)
+}
+
+/// A `tidelog consume --group` process writing JSON lines to a file.
+struct Member {
+    child: Child,
+    out: PathBuf,
+}
+
+impl Member {
+    fn start(dir: &Path, name: &str, bootstrap: &str, extra: &[&str]) -> Member {
+        let out = dir.join(format!("{name}.out"));
+        let file = std::fs::File::create(&out).unwrap();
+        let err = std::fs::File::create(dir.join(format!("{name}.err"))).unwrap();
+        let child = Command::new(binary())
+            .args(["consume", "--bootstrap", bootstrap, "--output", "json"])
+            .args(extra)
+            .stdout(Stdio::from(file))
+            .stderr(Stdio::from(err))
+            .spawn()
+            .unwrap();
+        Member { child, out }
+    }
+
+    /// (partition, offset, value) of every record printed so far.
+    fn records(&self) -> Vec<(u32, i64, String)> {
+        std::fs::read_to_string(&self.out)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .map(|v| {
+                (
+                    v["partition"].as_u64().unwrap() as u32,
+                    v["offset"].as_i64().unwrap(),
+                    v["value"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect()
+    }
+
+    fn wait(&mut self, within: Duration) -> bool {
+        let deadline = std::time::Instant::now() + within;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.success();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn produce(bootstrap: &str, topic: &str, from: usize, to: usize) {
+    let input: String = (from..to).map(|i| format!("k{i}:v{i}\n")).collect();
+    let mut child = Command::new(binary())
+        .args([
+            "produce",
+            "--bootstrap",
+            bootstrap,
+            "--topic",
+            topic,
+            "--parse-key",
+            "--key-separator",
+            ":",
+            "--acks",
+            "all",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn try_describe(bootstrap: &str, group: &str) -> Option<serde_json::Value> {
+    let (ok, out, _) = cli(&[
+        "groups",
+        "describe",
+        "--group",
+        group,
+        "--bootstrap",
+        bootstrap,
+        "--output",
+        "json",
+    ]);
+    ok.then(|| serde_json::from_str(&out).unwrap())
+}
+
+fn describe(bootstrap: &str, group: &str) -> serde_json::Value {
+    let (ok, out, err) = cli(&[
+        "groups",
+        "describe",
+        "--group",
+        group,
+        "--bootstrap",
+        bootstrap,
+        "--output",
+        "json",
+    ]);
+    assert!(ok, "{err}");
+    serde_json::from_str(&out).unwrap()
+}
+
+fn total_lag(d: &serde_json::Value) -> i64 {
+    d["offsets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["lag"].as_i64().unwrap())
+        .sum()
+}
+
+/// Three members share 6 partitions; each record goes to exactly one of them. One is
+/// killed -9: after its session times out its partitions move to the others, which start
+/// at its last commit: nothing is lost, and the only records read twice are the killed
+/// member's records after its last commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn members_share_partitions_and_survive_a_killed_member() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_ports(1)[0];
+    let _server = standalone(dir.path(), port);
+    let bootstrap = format!("127.0.0.1:{port}");
+    let admin = AdminClient::new(vec![bootstrap.clone()], Duration::from_secs(10));
+    admin
+        .create_topic("work", Some(6), Some(1), Default::default())
+        .await
+        .unwrap();
+    let args = [
+        "--topic",
+        "work",
+        "--group",
+        "workers",
+        "--from-beginning",
+        "--timeout-ms",
+        "12000",
+        "--session-timeout-ms",
+        "2000",
+        "--auto-commit-interval-ms",
+        "300",
+    ];
+    let mut members: Vec<Member> = (0..3)
+        .map(|i| Member::start(dir.path(), &format!("m{i}"), &bootstrap, &args))
+        .collect();
+    // Every member holds two partitions before any data arrives.
+    eventually(
+        "three members with two partitions each",
+        Duration::from_secs(30),
+        || async {
+            let d = try_describe(&bootstrap, "workers")?;
+            let members = d["members"].as_array()?;
+            let sizes: Vec<usize> = members
+                .iter()
+                .map(|m| {
+                    m["assignment"].as_array().map_or(0, |a| {
+                        a.iter()
+                            .map(|t| t["partitions"].as_array().unwrap().len())
+                            .sum()
+                    })
+                })
+                .collect();
+            (d["state"] == "stable" && sizes == vec![2, 2, 2]).then_some(())
+        },
+    )
+    .await;
+    produce(&bootstrap, "work", 0, 3000);
+    eventually(
+        "the first 3000 are read",
+        Duration::from_secs(30),
+        || async {
+            let n: usize = members.iter().map(|m| m.records().len()).sum();
+            (n >= 3000).then_some(())
+        },
+    )
+    .await;
+    let first: Vec<Vec<(u32, i64, String)>> = members.iter().map(Member::records).collect();
+    let mut owner: BTreeMap<String, usize> = BTreeMap::new();
+    for (i, records) in first.iter().enumerate() {
+        for (_, _, v) in records {
+            assert!(
+                owner.insert(v.clone(), i).is_none(),
+                "{v} read by two members"
+            );
+        }
+    }
+    assert_eq!(owner.len(), 3000);
+    // Let auto commit run, then kill member 0 and produce more.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let killed_partitions: BTreeSet<u32> = first[0].iter().map(|(p, _, _)| *p).collect();
+    members[0].child.kill().unwrap();
+    let _ = members[0].child.wait();
+    produce(&bootstrap, "work", 3000, 6000);
+    eventually(
+        "all 6000 read by the survivors",
+        Duration::from_secs(60),
+        || async {
+            let seen: BTreeSet<String> = members
+                .iter()
+                .flat_map(|m| m.records())
+                .map(|(_, _, v)| v)
+                .collect();
+            (seen.len() == 6000).then_some(())
+        },
+    )
+    .await;
+    for m in &mut members[1..] {
+        assert!(
+            m.wait(Duration::from_secs(30)),
+            "member exits cleanly after idling"
+        );
+    }
+    // Duplicates: only records of the killed member's partitions, read by it and again by
+    // a survivor.
+    let all: Vec<(usize, (u32, i64, String))> = members
+        .iter()
+        .enumerate()
+        .flat_map(|(i, m)| m.records().into_iter().map(move |r| (i, r)))
+        .collect();
+    let mut count: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for (i, (_, _, v)) in &all {
+        count.entry(v.as_str()).or_default().push(*i);
+    }
+    for (i, (p, _, v)) in &all {
+        let readers = &count[v.as_str()];
+        if readers.len() > 1 {
+            assert!(
+                readers.len() == 2 && readers.contains(&0) && killed_partitions.contains(p),
+                "{v} (partition {p}) read by members {readers:?}, member {i}"
+            );
+        }
+    }
+    // Once everyone is gone the group is empty with nothing left to read.
+    let d = describe(&bootstrap, "workers");
+    assert_eq!(total_lag(&d), 0, "{d}");
+    assert_eq!(d["state"], "empty");
+}
+
+/// Broadcast: every member reads every record; offsets are kept per member instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn broadcast_members_each_get_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_ports(1)[0];
+    let _server = standalone(dir.path(), port);
+    let bootstrap = format!("127.0.0.1:{port}");
+    AdminClient::new(vec![bootstrap.clone()], Duration::from_secs(10))
+        .create_topic("news", Some(3), Some(1), Default::default())
+        .await
+        .unwrap();
+    produce(&bootstrap, "news", 0, 300);
+    let mut members: Vec<Member> = (0..3)
+        .map(|i| {
+            let name = format!("b{i}");
+            Member::start(
+                dir.path(),
+                &name,
+                &bootstrap,
+                &[
+                    "--topic",
+                    "news",
+                    "--group",
+                    "fans",
+                    "--broadcast",
+                    "--instance-id",
+                    &name,
+                    "--from-beginning",
+                    "--timeout-ms",
+                    "3000",
+                ],
+            )
+        })
+        .collect();
+    for m in &mut members {
+        assert!(m.wait(Duration::from_secs(60)), "member exits after idling");
+        let values: BTreeSet<String> = m.records().into_iter().map(|(_, _, v)| v).collect();
+        assert_eq!(values.len(), 300);
+        assert_eq!(m.records().len(), 300, "each record once per member");
+    }
+    // A restarted member resumes from its own offsets: nothing new to read.
+    let mut again = Member::start(
+        dir.path(),
+        "b0-again",
+        &bootstrap,
+        &[
+            "--topic",
+            "news",
+            "--group",
+            "fans",
+            "--broadcast",
+            "--instance-id",
+            "b0",
+            "--from-beginning",
+            "--timeout-ms",
+            "2000",
+        ],
+    );
+    assert!(again.wait(Duration::from_secs(30)));
+    assert!(
+        again.records().is_empty(),
+        "resumed from b0's committed offsets"
+    );
+}
+
+/// Committed offsets live in __consumer_offsets with replication factor 3: they survive
+/// kill -9 of the coordinator's broker; `groups describe` reports lag after produce and
+/// after commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn offsets_survive_the_coordinators_broker() {
+    let c = BrokerCluster::start_with(3, &[("TIDELOG_OFFSETS_TOPIC_NUM_PARTITIONS", "3")]);
+    let mut c = c;
+    let bootstrap = c.broker_address(1);
+    AdminClient::new(vec![bootstrap.clone()], Duration::from_secs(10))
+        .create_topic("ledger", Some(2), Some(3), Default::default())
+        .await
+        .unwrap();
+    produce(&bootstrap, "ledger", 0, 500);
+    let mut reader = Member::start(
+        c.dir.path(),
+        "reader",
+        &bootstrap,
+        &[
+            "--topic",
+            "ledger",
+            "--group",
+            "audit",
+            "--from-beginning",
+            "--max-messages",
+            "200",
+        ],
+    );
+    assert!(
+        reader.wait(Duration::from_secs(60)),
+        "reader stops after 200"
+    );
+    assert_eq!(reader.records().len(), 200);
+    let d = describe(&bootstrap, "audit");
+    assert_eq!(total_lag(&d), 300, "500 produced, 200 committed: {d}");
+    produce(&bootstrap, "ledger", 500, 600);
+    assert_eq!(
+        total_lag(&describe(&bootstrap, "audit")),
+        400,
+        "lag grows with produce"
+    );
+
+    // Kill the coordinator's broker; another broker takes over the offsets partition.
+    let mut groups = GroupsClient::connect(format!("http://{bootstrap}"))
+        .await
+        .unwrap();
+    let coordinator = groups
+        .find_coordinator(FindCoordinatorRequest {
+            group: "audit".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .coordinator_id;
+    c.brokers[coordinator as usize - 1]
+        .as_mut()
+        .unwrap()
+        .kill9();
+    let survivor = c.broker_address(if coordinator == 1 { 2 } else { 1 });
+    let d = eventually(
+        "a new coordinator answers",
+        Duration::from_secs(60),
+        || async {
+            let (ok, out, _) = cli(&[
+                "groups",
+                "describe",
+                "--group",
+                "audit",
+                "--bootstrap",
+                &survivor,
+                "--output",
+                "json",
+            ]);
+            ok.then(|| serde_json::from_str::<serde_json::Value>(&out).unwrap())
+        },
+    )
+    .await;
+    assert_eq!(total_lag(&d), 400, "committed offsets survived: {d}");
+    // The rest is read from the committed position: exactly the 400 not yet committed.
+    let mut rest = Member::start(
+        c.dir.path(),
+        "rest",
+        &survivor,
+        &[
+            "--topic",
+            "ledger",
+            "--group",
+            "audit",
+            "--timeout-ms",
+            "4000",
+        ],
+    );
+    assert!(rest.wait(Duration::from_secs(60)));
+    let first: BTreeSet<String> = reader.records().into_iter().map(|(_, _, v)| v).collect();
+    let second: BTreeSet<String> = rest.records().into_iter().map(|(_, _, v)| v).collect();
+    assert_eq!(second.len(), 400);
+    assert!(first.is_disjoint(&second));
+    assert_eq!(total_lag(&describe(&survivor, "audit")), 0);
+    c.start_broker(coordinator);
+}
