@@ -182,6 +182,9 @@ pub struct BrokerConfig {
     pub group_min_session_timeout_ms: u64,
     /// Largest session timeout a group member may ask for (ms).
     pub group_max_session_timeout_ms: u64,
+    /// An offsets partition's superseded commits are cleaned up once it holds this many
+    /// records (and four times its live offsets).
+    pub offsets_cleanup_min_records: u64,
 }
 
 impl Default for BrokerConfig {
@@ -209,6 +212,7 @@ impl Default for BrokerConfig {
             offsets_topic_replication_factor: 3,
             group_min_session_timeout_ms: 500,
             group_max_session_timeout_ms: 300_000,
+            offsets_cleanup_min_records: 10_000,
         }
     }
 }

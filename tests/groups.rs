@@ -447,3 +447,78 @@ async fn offsets_survive_the_coordinators_broker() {
     assert_eq!(total_lag(&describe(&survivor, "audit")), 0);
     c.start_broker(coordinator);
 }
+
+/// Superseded commits are cleaned up: the offsets partition's log start moves past them,
+/// and the latest commit of every key survives, also across a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn superseded_commits_are_cleaned_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_ports(1)[0];
+    let args = vec![
+        "--data-dir".to_owned(),
+        dir.path().join("data").display().to_string(),
+        "--listen".to_owned(),
+        format!("127.0.0.1:{port}"),
+    ];
+    let env: Vec<(&str, &str)> = FAST_RAFT
+        .iter()
+        .copied()
+        .chain([
+            ("TIDELOG_OFFSETS_TOPIC_NUM_PARTITIONS", "1"),
+            ("TIDELOG_OFFSETS_CLEANUP_MIN_RECORDS", "50"),
+        ])
+        .collect();
+    let mut server = Proc::start("standalone", &args, &env, dir.path());
+    let bootstrap = format!("127.0.0.1:{port}");
+    AdminClient::new(vec![bootstrap.clone()], Duration::from_secs(10))
+        .create_topic("c", Some(2), Some(1), Default::default())
+        .await
+        .unwrap();
+    let admin =
+        tidelog::client::groups::GroupsAdmin::new(vec![bootstrap.clone()], Duration::from_secs(10));
+    for i in 0..100i64 {
+        let offsets = (0..2)
+            .map(|p| tidelog::api::proto::CommittedOffset {
+                topic: "c".into(),
+                partition: p,
+                offset: i * 10 + i64::from(p),
+                metadata: String::new(),
+            })
+            .collect();
+        admin.reset("keeper", offsets).await.unwrap();
+    }
+    let topics = AdminClient::new(vec![bootstrap.clone()], Duration::from_secs(10));
+    eventually(
+        "the offsets log start moves",
+        Duration::from_secs(40),
+        || async {
+            let d = topics
+                .describe_topics_with_offsets(vec!["__consumer_offsets".into()])
+                .await
+                .ok()?;
+            let o = d[0].offsets.first()?;
+            (o.log_start_offset >= 200).then_some(())
+        },
+    )
+    .await;
+    let committed = |d: &serde_json::Value| -> Vec<i64> {
+        d["offsets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["committed_offset"].as_i64().unwrap())
+            .collect()
+    };
+    assert_eq!(committed(&describe(&bootstrap, "keeper")), vec![990, 991]);
+    assert!(server.terminate().success());
+    let _server = Proc::start("standalone", &args, &env, dir.path());
+    let d = eventually("the group is back", Duration::from_secs(30), || async {
+        try_describe(&bootstrap, "keeper")
+    })
+    .await;
+    assert_eq!(
+        committed(&d),
+        vec![990, 991],
+        "latest commits survive the clean-up and a restart"
+    );
+}

@@ -61,6 +61,10 @@ enum PerfCommand {
         /// group's committed offsets or the earliest; commits at the end).
         #[arg(long)]
         group: Option<String>,
+        /// Stop (successfully) when no record arrived for this long, reporting what was
+        /// read until the last record: for group members whose share is not known.
+        #[arg(long)]
+        idle_ms: Option<u64>,
     },
 }
 
@@ -99,11 +103,12 @@ pub fn run(args: &PerfArgs) -> Result<(), CliError> {
             topic,
             num_records,
             group,
+            idle_ms,
         } => block_on(consume(
             bootstrap,
             args.client.timeout(),
             topic,
-            *num_records,
+            (*num_records, idle_ms.map(Duration::from_millis)),
             group.clone(),
             output,
         ))?,
@@ -248,7 +253,7 @@ async fn consume(
     bootstrap: Vec<String>,
     timeout: Duration,
     topic: &str,
-    num_records: u64,
+    (num_records, idle): (u64, Option<Duration>),
     group: Option<String>,
     output: OutputFormat,
 ) -> Result<(), CliError> {
@@ -281,6 +286,9 @@ async fn consume(
             PerfSource::Assigned(c) => c.poll(Duration::from_millis(500)).await?,
             PerfSource::Group(g) => g.poll(Duration::from_millis(500)).await?,
         };
+        if batch.is_empty() && records > 0 && idle.is_some_and(|i| last_data.elapsed() >= i) {
+            break;
+        }
         if batch.is_empty() && last_data.elapsed() > timeout {
             return Err(CliError::new(
                 "REQUEST_TIMED_OUT",
@@ -308,7 +316,12 @@ async fn consume(
             last_report = Instant::now();
         }
     }
-    let secs = start.elapsed().as_secs_f64();
+    let secs = if records < num_records {
+        // Stopped by --idle-ms: the time until the last record.
+        last_data.duration_since(start).as_secs_f64()
+    } else {
+        start.elapsed().as_secs_f64()
+    };
     if let PerfSource::Group(g) = source {
         g.close().await?;
     }

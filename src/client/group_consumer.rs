@@ -515,6 +515,15 @@ async fn commit(shared: &Shared, offsets: Vec<CommittedOffset>) -> Result<(), Cl
             let m = shared.membership.lock();
             (m.member_id.clone(), m.epoch)
         };
+        if member_id.is_empty() {
+            return Err(ClientError::new(
+                ErrorCode::UnknownMemberId,
+                format!(
+                    "not a member of group '{}' (yet); nothing committed",
+                    shared.config.group
+                ),
+            ));
+        }
         let request = OffsetCommitRequest {
             group: shared.config.group.clone(),
             member_id,

@@ -927,6 +927,46 @@ impl PartitionLog {
         Ok(outcome)
     }
 
+    /// Moves the log start up to `offset` (never past the high watermark): records below
+    /// it are gone for readers, and segments wholly below it are deleted (Kafka's
+    /// DeleteRecords). Returns the log start afterwards.
+    pub fn advance_log_start(&self, offset: Offset) -> Result<Offset, LogError> {
+        let mut state = self.state.write();
+        self.check_online(&state)?;
+        let target = offset.0.min(state.high_watermark);
+        if target <= state.log_start_offset {
+            return Ok(Offset(state.log_start_offset));
+        }
+        if state.active().next_offset() <= target && !state.active().is_empty() {
+            self.roll_locked(&mut state)?;
+        }
+        let doomed: Vec<u64> = state
+            .segments
+            .iter()
+            .filter(|(_, s)| s.next_offset() <= target)
+            .map(|(&b, _)| b)
+            .filter(|&b| Some(&b) != state.segments.keys().next_back())
+            .collect();
+        let mut removed = Vec::with_capacity(doomed.len());
+        for base in doomed {
+            let mut segment = state.segments.remove(&base).expect("key from the map");
+            segment.mark_deleted()?;
+            removed.push(segment);
+        }
+        state.log_start_offset = target;
+        if state.epochs.truncate_from_start(Offset(target)) {
+            self.persist_epochs_locked(&mut state)?;
+        }
+        self.write_checkpoint_locked(&state)?;
+        drop(state);
+        let deleted = removed.len();
+        for segment in removed {
+            segment.delete()?;
+        }
+        tracing::debug!(partition = %self.name, log_start_offset = target, deleted_segments = deleted, "log start advanced");
+        Ok(Offset(target))
+    }
+
     /// Removes every record at or above `offset` (cutting at the start of the batch that
     /// holds it) so the log ends at or below `offset`. A target below the log start
     /// empties the log and restarts it there.

@@ -1001,3 +1001,35 @@ fn idempotent_retries_are_not_written_twice_even_after_reopen() {
             .duplicate
     );
 }
+
+#[test]
+fn advancing_the_log_start_hides_and_deletes_what_is_below() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path(), small_config());
+    for i in 0..40 {
+        log.append_as_leader(&mut batch(&format!("d{i}"), 2, 150, T0), LeaderEpoch(0))
+            .unwrap();
+    }
+    let segments = log.segment_count();
+    assert!(segments > 3);
+    // Never past the high watermark.
+    log.set_high_watermark(Offset(30));
+    assert_eq!(log.advance_log_start(Offset(50)).unwrap(), Offset(30));
+    assert!(
+        log.segment_count() < segments,
+        "whole segments below are deleted"
+    );
+    assert!(matches!(
+        log.read(Offset(29), 1 << 20, Isolation::LogEnd),
+        Err(LogError::OffsetOutOfRange {
+            log_start_offset: 30,
+            ..
+        })
+    ));
+    assert_eq!(read_all(&log, 30).first().map(|r| r.0), Some(30));
+    // It survives a reopen, and never moves back.
+    drop(log);
+    let log = open(dir.path(), small_config());
+    assert_eq!(log.log_start_offset(), Offset(30));
+    assert_eq!(log.advance_log_start(Offset(10)).unwrap(), Offset(30));
+}

@@ -362,9 +362,10 @@ impl FetchLoop {
                 None => {
                     let leader = self.leader;
                     let hw = Offset(p.high_watermark.max(0) as u64);
+                    let start = Offset(p.log_start_offset.max(0) as u64);
                     let target = local.clone();
                     let result = tokio::task::spawn_blocking(move || {
-                        target.append_as_follower(leader, f.epoch, &p.records, hw)
+                        target.append_as_follower(leader, f.epoch, &p.records, hw, start)
                     })
                     .await
                     .unwrap_or_else(|e| {

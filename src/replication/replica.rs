@@ -321,6 +321,7 @@ impl LocalPartition {
         epoch: LeaderEpoch,
         batches: &[u8],
         leader_high_watermark: Offset,
+        leader_log_start: Offset,
     ) -> Result<Option<Offset>, ReplicaError> {
         let role = self.role.read();
         if !matches!(&*role, Role::Follower { leader: l, leader_epoch: e } if *l == leader && *e == epoch)
@@ -336,6 +337,12 @@ impl LocalPartition {
         }
         let end = self.log.log_end_offset();
         self.log.set_high_watermark(leader_high_watermark.min(end));
+        if leader_log_start > self.log.log_start_offset() {
+            // The leader deleted records (retention or DeleteRecords): so do we.
+            self.log
+                .advance_log_start(leader_log_start)
+                .map_err(|e| ReplicaError::from_log(&self.name(), e))?;
+        }
         Ok(Some(end))
     }
 

@@ -107,6 +107,7 @@ impl BrokerRuntime {
                 offsets_replication_factor: config.offsets_topic_replication_factor,
                 session_timeout_min: Duration::from_millis(config.group_min_session_timeout_ms),
                 session_timeout_max: Duration::from_millis(config.group_max_session_timeout_ms),
+                cleanup_min_records: config.offsets_cleanup_min_records,
                 ..GroupSettings::default()
             },
         );
@@ -194,12 +195,17 @@ impl BrokerRuntime {
         tasks.spawn(self.replicas.clone().run_maintenance(cancel.clone()));
         let (groups, group_cancel) = (self.groups.clone(), cancel.clone());
         tasks.spawn(async move {
+            let mut last_compaction = Instant::now();
             loop {
                 tokio::select! {
                     _ = group_cancel.cancelled() => return,
                     _ = tokio::time::sleep(Duration::from_millis(250)) => {}
                 }
                 groups.expire_members().await;
+                if last_compaction.elapsed() >= Duration::from_secs(10) {
+                    last_compaction = Instant::now();
+                    groups.compact_offsets().await;
+                }
             }
         });
         tasks.spawn(self.link.clone().run_metadata(cancel.clone()));

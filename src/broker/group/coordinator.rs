@@ -34,6 +34,9 @@ pub struct GroupSettings {
     pub session_timeout_default: Duration,
     /// How long a commit may wait for replication.
     pub commit_timeout: Duration,
+    /// An offsets partition is cleaned up once it holds this many records (and four
+    /// times its live offsets).
+    pub cleanup_min_records: u64,
 }
 
 impl Default for GroupSettings {
@@ -45,6 +48,7 @@ impl Default for GroupSettings {
             session_timeout_max: Duration::from_secs(300),
             session_timeout_default: Duration::from_secs(45),
             commit_timeout: Duration::from_secs(10),
+            cleanup_min_records: 10_000,
         }
     }
 }
@@ -421,8 +425,10 @@ impl GroupCoordinator {
         instance_for_broadcast: Option<String>,
         entries: Vec<(String, u32, i64, String)>,
     ) -> Result<(), BrokerError> {
+        // The lock is held across the append, so the log and the memory see commits in
+        // the same order (and the offsets clean-up snapshots a consistent view).
+        let mut inner = self.inner.lock().await;
         let (partition, keys) = {
-            let mut inner = self.inner.lock().await;
             let partition = self.own(&mut inner, group).await?;
             let g = inner.groups.entry(group.to_owned()).or_default();
             let instance = if member_id.is_empty() {
@@ -443,7 +449,8 @@ impl GroupCoordinator {
                         format!("group '{group}' has no member {member_id}"),
                     ));
                 };
-                if m.epoch != member_epoch {
+                // A commit may overtake the answer that raised the member's epoch.
+                if member_epoch > m.epoch || member_epoch < 0 {
                     return Err(error(
                         ErrorCode::FencedMemberEpoch,
                         format!(
@@ -492,7 +499,6 @@ impl GroupCoordinator {
             return Ok(());
         }
         self.append(partition, &keys).await?;
-        let mut inner = self.inner.lock().await;
         let g = inner.groups.entry(group.to_owned()).or_default();
         for (k, v) in keys {
             if let Some(v) = v {
@@ -606,8 +612,8 @@ impl GroupCoordinator {
 
     /// Deletes a group without members, and its offsets (tombstones).
     pub async fn delete(&self, group: &str) -> Result<(), BrokerError> {
+        let mut inner = self.inner.lock().await;
         let (partition, keys) = {
-            let mut inner = self.inner.lock().await;
             let partition = self.own(&mut inner, group).await?;
             let Some(g) = inner.groups.get(group) else {
                 return Err(error(
@@ -631,8 +637,61 @@ impl GroupCoordinator {
         if !keys.is_empty() {
             self.append(partition, &keys).await?;
         }
-        let mut inner = self.inner.lock().await;
         inner.groups.remove(group);
         Ok(())
+    }
+
+    /// Cleans up superseded commits: for each offsets partition this broker leads whose
+    /// log holds many more records than live offsets, appends every live offset again
+    /// and moves the log start to that copy, so older commits and tombstones are dropped
+    /// (the latest commit per key survives).
+    pub async fn compact_offsets(&self) {
+        let inner = self.inner.lock().await;
+        let count = self
+            .node
+            .metadata()
+            .topic(OFFSETS_TOPIC)
+            .map_or(1, |t| t.partitions.len() as u32);
+        let partitions: Vec<(u32, LeaderEpoch)> =
+            inner.loaded.iter().map(|(p, e)| (*p, *e)).collect();
+        for (partition, epoch) in partitions {
+            let Ok((local, current)) = self.node.leader_partition(OFFSETS_TOPIC, partition) else {
+                continue;
+            };
+            if current != epoch {
+                continue;
+            }
+            let live: Vec<(OffsetKey, Option<OffsetValue>)> = inner
+                .groups
+                .iter()
+                .filter(|(name, _)| offsets::partition_for(name, count) == partition)
+                .flat_map(|(_, g)| g.offsets.iter().map(|(k, v)| (k.clone(), Some(v.clone()))))
+                .collect();
+            let held = local.log.log_end_offset().0 - local.log.log_start_offset().0;
+            if held <= (live.len() as u64 * 4).max(self.settings.cleanup_min_records) {
+                continue;
+            }
+            let start = local.log.log_end_offset();
+            if !live.is_empty() {
+                if let Err(e) = self.append(partition, &live).await {
+                    tracing::warn!(partition, error = %e, "offsets clean-up: rewrite failed");
+                    continue;
+                }
+            }
+            let log = local.clone();
+            let outcome =
+                tokio::task::spawn_blocking(move || log.log.advance_log_start(start)).await;
+            match outcome {
+                Ok(Ok(s)) => tracing::info!(
+                    partition,
+                    live = live.len(),
+                    dropped = held,
+                    log_start_offset = s.0,
+                    "cleaned up superseded offset commits"
+                ),
+                Ok(Err(e)) => tracing::warn!(partition, error = %e, "offsets clean-up failed"),
+                Err(e) => tracing::warn!(partition, error = %e, "offsets clean-up task failed"),
+            }
+        }
     }
 }
