@@ -108,6 +108,9 @@ struct Shared {
     connection: Connection,
     membership: Mutex<Membership>,
     wake: Notify,
+    /// Held by a heartbeat for its whole round trip and by a reconciliation: a heartbeat
+    /// never reports a holding that a reconciliation is about to change.
+    exchange: tokio::sync::Mutex<()>,
 }
 
 impl Shared {
@@ -141,6 +144,7 @@ impl Shared {
 
     /// One heartbeat; returns how long to wait before the next.
     async fn heartbeat(&self) -> Duration {
+        let _exchange = self.exchange.lock().await;
         let (member_id, epoch, owned, leaving) = {
             let m = self.membership.lock();
             (m.member_id.clone(), m.epoch, m.owned.clone(), m.leaving)
@@ -245,6 +249,7 @@ impl GroupConsumer {
             config,
             membership: Mutex::new(Membership::default()),
             wake: Notify::new(),
+            exchange: tokio::sync::Mutex::new(()),
         });
         let task = {
             let shared = shared.clone();
@@ -281,6 +286,8 @@ impl GroupConsumer {
     /// Takes in the coordinator's latest assignment: releases (after committing, with
     /// auto commit) what moved away, starts what is new at its committed offset.
     async fn reconcile(&mut self) -> Result<(), ClientError> {
+        let shared = self.shared.clone();
+        let _exchange = shared.exchange.lock().await;
         let (target, owned, failed) = {
             let mut m = self.shared.membership.lock();
             (m.target.clone(), m.owned.clone(), m.failed.take())

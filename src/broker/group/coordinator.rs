@@ -395,11 +395,17 @@ impl GroupCoordinator {
         state.set_topics(subscribed);
         let assignment = state.reconcile(&member_id);
         let member_epoch = state.members[&member_id].epoch;
+        // A member still converging on its target asks again soon (its partitions may be
+        // released any moment); a settled one every fifth of its session, at most 1 s.
+        let heartbeat_interval = if member_epoch != state.epoch {
+            Duration::from_millis(100)
+        } else {
+            (session / 5).clamp(Duration::from_millis(100), Duration::from_secs(1))
+        };
         Ok(HeartbeatAnswer {
             member_id,
             member_epoch,
-            heartbeat_interval: (session / 3)
-                .clamp(Duration::from_millis(100), Duration::from_secs(3)),
+            heartbeat_interval,
             assignment,
         })
     }

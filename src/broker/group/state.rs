@@ -4,8 +4,8 @@
 //! of membership, subscriptions or partition counts; the target assignment is computed
 //! for it; each member converges on its target through heartbeats. A member first gives
 //! up partitions its target no longer holds (its answer omits them); it gets a new
-//! partition only once no other member reports holding it, so no two members own a
-//! partition at once. A member's epoch becomes the group epoch when it holds its whole
+//! partition only once no other member reports holding it or was last told to hold it, so
+//! no two members own a partition at once. A member's epoch becomes the group epoch when it holds its whole
 //! target. Broadcast groups give every member every partition.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -195,11 +195,13 @@ impl GroupState {
             // Give up what moved away first; nothing new meanwhile.
             owned.intersection(&target).cloned().collect()
         } else {
+            // Held: what another member reports holding, or was told to hold and has not
+            // answered for yet (it may be taking it up right now).
             let held_by_others: BTreeSet<&TopicPartition> = self
                 .members
                 .values()
                 .filter(|m| m.id != member_id)
-                .flat_map(|m| &m.owned)
+                .flat_map(|m| m.owned.iter().chain(&m.assignment))
                 .collect();
             target
                 .iter()
@@ -270,6 +272,24 @@ mod tests {
         let a = &g.members["a"].owned;
         let b = &g.members["b"].owned;
         assert!(a.is_disjoint(b));
+    }
+
+    #[test]
+    fn a_partition_just_handed_out_is_not_handed_out_again() {
+        let mut g = GroupState::default();
+        g.members.insert("a".into(), member("a"));
+        g.set_topics([("t".to_owned(), 2)].into());
+        // a is told to take both but has not answered yet (it reports nothing held).
+        assert_eq!(g.reconcile("a"), tps(&[0, 1]));
+        g.members.insert("b".into(), member("b"));
+        g.bump();
+        assert!(
+            g.reconcile("b").is_empty(),
+            "a may be taking them up right now"
+        );
+        // a's next heartbeat (still holding nothing) drops its half; then b gets it.
+        assert_eq!(g.reconcile("a"), tps(&[0]));
+        assert_eq!(g.reconcile("b"), tps(&[1]));
     }
 
     #[test]
