@@ -11,13 +11,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{binary, cli, eventually, free_ports, BrokerCluster, Proc, FAST_RAFT};
+use common::{binary, cli, eventually, free_ports, read_all, standalone, BrokerCluster};
 use tidelog::api::proto::broker_client::BrokerClient;
 use tidelog::api::proto::{
     FetchPartition, FetchRequest, FetchTopic, PartitionProduceData, ProduceRequest, Record,
     TopicProduceData,
 };
-use tidelog::client::consumer::{Consumer, StartAt};
+use tidelog::client::consumer::Consumer;
 use tidelog::client::partitioner::partition_for_key;
 use tidelog::client::producer::{Producer, ProducerConfig, ProducerRecord};
 use tidelog::error_code::ErrorCode;
@@ -51,16 +51,6 @@ fn json_lines(text: &str) -> Vec<serde_json::Value> {
     text.lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
         .collect()
-}
-
-fn standalone(dir: &std::path::Path, port: u16) -> Proc {
-    let args = vec![
-        "--data-dir".to_owned(),
-        dir.join("data").display().to_string(),
-        "--listen".to_owned(),
-        format!("127.0.0.1:{port}"),
-    ];
-    Proc::start("standalone", &args, FAST_RAFT, dir)
 }
 
 #[test]
@@ -186,37 +176,6 @@ async fn wait_all_partitions_led(bootstrap: &[String], topic: &str, partitions: 
         },
     )
     .await;
-}
-
-async fn read_all(bootstrap: &[String], topic: &str, partitions: u32) -> Vec<(u32, i64, String)> {
-    let mut consumer = Consumer::new(bootstrap.to_vec(), Duration::from_secs(20));
-    for p in 0..partitions {
-        consumer
-            .assign(topic, p, StartAt::Earliest)
-            .await
-            .expect("assign");
-    }
-    let mut out = Vec::new();
-    let mut idle = 0;
-    while idle < 4 {
-        let batch = consumer
-            .poll(Duration::from_millis(300))
-            .await
-            .expect("poll");
-        if batch.is_empty() {
-            idle += 1;
-        } else {
-            idle = 0;
-        }
-        for r in batch {
-            out.push((
-                r.partition,
-                r.offset,
-                String::from_utf8_lossy(&r.value.unwrap()).into_owned(),
-            ));
-        }
-    }
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,42 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{free_ports, Proc, FAST_RAFT};
-use tidelog::client::consumer::{Consumer, StartAt};
+use common::{free_ports, read_all, standalone, Proc};
 use tidelog::client::producer::{PartitionSelector, Producer, ProducerConfig, ProducerRecord};
 use tidelog::client::AdminClient;
-
-fn standalone(dir: &std::path::Path, port: u16) -> Proc {
-    let args = vec![
-        "--data-dir".to_owned(),
-        dir.join("data").display().to_string(),
-        "--listen".to_owned(),
-        format!("127.0.0.1:{port}"),
-    ];
-    Proc::start("standalone", &args, FAST_RAFT, dir)
-}
-
-/// Every record of `topic` as (partition, offset, value).
-async fn read_all(bootstrap: &str, topic: &str, partitions: u32) -> Vec<(u32, i64, String)> {
-    let mut consumer = Consumer::new(vec![bootstrap.to_owned()], Duration::from_secs(20));
-    for p in 0..partitions {
-        consumer.assign(topic, p, StartAt::Earliest).await.unwrap();
-    }
-    let mut out = Vec::new();
-    let mut idle = 0;
-    while idle < 4 {
-        let batch = consumer.poll(Duration::from_millis(300)).await.unwrap();
-        idle = if batch.is_empty() { idle + 1 } else { 0 };
-        for r in batch {
-            out.push((
-                r.partition,
-                r.offset,
-                String::from_utf8_lossy(&r.value.unwrap()).into_owned(),
-            ));
-        }
-    }
-    out
-}
 
 fn record(topic: &str, value: String) -> ProducerRecord {
     ProducerRecord {
@@ -104,7 +71,7 @@ async fn produce_through_pauses(
         server.signal(libc::SIGCONT);
     }
     let acked = writer.await.unwrap();
-    let stored = read_all(bootstrap, topic, 3).await;
+    let stored = read_all(&[bootstrap.to_owned()], topic, 3).await;
     (acked, stored)
 }
 
@@ -187,7 +154,7 @@ async fn send_modes_and_a_custom_partition_selector() {
     producer.flush().await;
     let stored = tokio::time::timeout(Duration::from_secs(20), async {
         loop {
-            let all = read_all(&bootstrap, "modes", 4).await;
+            let all = read_all(std::slice::from_ref(&bootstrap), "modes", 4).await;
             if all.len() == 4 {
                 return all;
             }

@@ -10,25 +10,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{binary, cli, eventually, free_ports, BrokerCluster, Proc, FAST_RAFT};
+use common::{
+    binary, cli, eventually, free_ports, standalone_with, BrokerCluster, Proc, FAST_RAFT,
+};
 use tidelog::api::proto::groups_client::GroupsClient;
 use tidelog::api::proto::FindCoordinatorRequest;
 use tidelog::client::AdminClient;
-
-fn standalone(dir: &Path, port: u16) -> Proc {
-    let args = vec![
-        "--data-dir".to_owned(),
-        dir.join("data").display().to_string(),
-        "--listen".to_owned(),
-        format!("127.0.0.1:{port}"),
-    ];
-    let env: Vec<(&str, &str)> = FAST_RAFT
-        .iter()
-        .copied()
-        .chain([("TIDELOG_OFFSETS_TOPIC_NUM_PARTITIONS", "4")])
-        .collect();
-    Proc::start("standalone", &args, &env, dir)
-}
 
 /// A `tidelog consume --group` process writing JSON lines to a file.
 struct Member {
@@ -167,7 +154,11 @@ fn total_lag(d: &serde_json::Value) -> i64 {
 async fn members_share_partitions_and_survive_a_killed_member() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_ports(1)[0];
-    let _server = standalone(dir.path(), port);
+    let _server = standalone_with(
+        dir.path(),
+        port,
+        &[("TIDELOG_OFFSETS_TOPIC_NUM_PARTITIONS", "4")],
+    );
     let bootstrap = format!("127.0.0.1:{port}");
     let admin = AdminClient::new(vec![bootstrap.clone()], Duration::from_secs(10));
     admin
@@ -288,7 +279,11 @@ async fn members_share_partitions_and_survive_a_killed_member() {
 async fn broadcast_members_each_get_everything() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_ports(1)[0];
-    let _server = standalone(dir.path(), port);
+    let _server = standalone_with(
+        dir.path(),
+        port,
+        &[("TIDELOG_OFFSETS_TOPIC_NUM_PARTITIONS", "4")],
+    );
     let bootstrap = format!("127.0.0.1:{port}");
     AdminClient::new(vec![bootstrap.clone()], Duration::from_secs(10))
         .create_topic("news", Some(3), Some(1), Default::default())

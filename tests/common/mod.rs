@@ -464,3 +464,55 @@ impl BrokerCluster {
             .collect()
     }
 }
+
+/// A standalone server on `port` with its data under `dir`, fast Raft timings and `extra`
+/// environment.
+pub fn standalone_with(dir: &Path, port: u16, extra: &[(&str, &str)]) -> Proc {
+    let args = vec![
+        "--data-dir".to_owned(),
+        dir.join("data").display().to_string(),
+        "--listen".to_owned(),
+        format!("127.0.0.1:{port}"),
+    ];
+    let env: Vec<(&str, &str)> = FAST_RAFT.iter().chain(extra.iter()).copied().collect();
+    Proc::start("standalone", &args, &env, dir)
+}
+
+/// A standalone server on `port` with its data under `dir`.
+pub fn standalone(dir: &Path, port: u16) -> Proc {
+    standalone_with(dir, port, &[])
+}
+
+/// Every record of `topic` (partitions `0..partitions`) from the earliest offset, as
+/// (partition, offset, value), reading until four polls in a row bring nothing.
+pub async fn read_all(
+    bootstrap: &[String],
+    topic: &str,
+    partitions: u32,
+) -> Vec<(u32, i64, String)> {
+    let mut consumer =
+        tidelog::client::consumer::Consumer::new(bootstrap.to_vec(), Duration::from_secs(20));
+    for p in 0..partitions {
+        consumer
+            .assign(topic, p, tidelog::client::consumer::StartAt::Earliest)
+            .await
+            .expect("assign");
+    }
+    let mut out = Vec::new();
+    let mut idle = 0;
+    while idle < 4 {
+        let batch = consumer
+            .poll(Duration::from_millis(300))
+            .await
+            .expect("poll");
+        idle = if batch.is_empty() { idle + 1 } else { 0 };
+        for r in batch {
+            out.push((
+                r.partition,
+                r.offset,
+                String::from_utf8_lossy(&r.value.unwrap()).into_owned(),
+            ));
+        }
+    }
+    out
+}
