@@ -18,7 +18,7 @@ use super::proto::{
 use super::status::error_status;
 use crate::broker::group::assignor::TopicPartition;
 use crate::broker::group::coordinator::Heartbeat;
-use crate::broker::group::offsets::{self, OFFSETS_TOPIC};
+use crate::broker::group::offsets::{self, OffsetKey, OffsetValue, OFFSETS_TOPIC};
 use crate::broker::group::GroupCoordinator;
 use crate::broker::{BrokerError, BrokerNode};
 use crate::client::AdminClient;
@@ -33,6 +33,15 @@ pub struct GroupsService {
 
 fn status(e: BrokerError) -> Status {
     error_status(e.code, e.message, None)
+}
+
+fn committed(k: OffsetKey, v: OffsetValue) -> CommittedOffset {
+    CommittedOffset {
+        topic: k.topic,
+        partition: k.partition,
+        offset: v.offset,
+        metadata: v.metadata,
+    }
 }
 
 fn to_set(list: &[TopicPartitions]) -> BTreeSet<TopicPartition> {
@@ -224,15 +233,7 @@ impl Groups for GroupsService {
             .await
             .map_err(status)?;
         Ok(Response::new(OffsetFetchResponse {
-            offsets: offsets
-                .into_iter()
-                .map(|(k, v)| CommittedOffset {
-                    topic: k.topic,
-                    partition: k.partition,
-                    offset: v.offset,
-                    metadata: v.metadata,
-                })
-                .collect(),
+            offsets: offsets.into_iter().map(|(k, v)| committed(k, v)).collect(),
         }))
     }
 
@@ -284,12 +285,7 @@ impl Groups for GroupsService {
                 .offsets
                 .into_iter()
                 .filter(|(k, _)| k.instance.is_empty())
-                .map(|(k, v)| CommittedOffset {
-                    topic: k.topic,
-                    partition: k.partition,
-                    offset: v.offset,
-                    metadata: v.metadata,
-                })
+                .map(|(k, v)| committed(k, v))
                 .collect(),
         }))
     }
