@@ -464,9 +464,8 @@ async fn acked_records_survive_broker_kill_9_and_cluster_restart() {
         let status = b.as_mut().unwrap().terminate();
         assert!(status.success());
     }
-    let status = c.controller.as_mut().unwrap().terminate();
-    assert!(status.success());
-    c.start_controller();
+    c.controllers.stop(1);
+    c.controllers.start_node(1);
     for id in 1..=3 {
         c.start_broker(id);
     }

@@ -1,22 +1,31 @@
-//! The public `tidelog.v1.Admin` service as a broker serves it: every call goes to the
+//! The public `tidelog.v1.Admin` service as a broker serves it: calls go to the
 //! controllers through the admin client (which finds the Raft leader), and DescribeTopics
 //! gains the offsets (log start, high watermark, log end) of the partitions this broker
-//! leads.
+//! leads. InitProducerId is answered here, from the ids the broker reserved in advance.
+//!
+//! While no controller answers the broker's heartbeats, metadata changes (create, alter,
+//! delete, elect) fail at once with the retriable `CONTROLLER_UNAVAILABLE`, and topic
+//! listings and descriptions are answered from the broker's last metadata image.
 
 use tonic::{Request, Response, Status};
 
 use super::admin_service::ControllerAdminService;
+use super::convert;
 use super::proto::admin_server::Admin;
 use super::proto::{
     AlterTopicRequest, AlterTopicResponse, CreateTopicRequest, CreateTopicResponse,
     DeleteTopicRequest, DeleteTopicResponse, DescribeClusterRequest, DescribeClusterResponse,
     DescribeTopicsRequest, DescribeTopicsResponse, ElectLeadersRequest, ElectLeadersResponse,
     InitProducerIdRequest, InitProducerIdResponse, ListTopicsRequest, ListTopicsResponse,
-    PartitionOffsets,
+    PartitionOffsets, TopicDescription, TopicSummary,
 };
 use super::status::error_status;
 use crate::broker::BrokerNode;
 use crate::client::{AdminClient, ClientError};
+use crate::error_code::ErrorCode;
+
+/// How long InitProducerId waits for a block of ids when the broker has none left.
+const PRODUCER_ID_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Where a broker's admin calls go.
 pub enum AdminBackend {
@@ -63,6 +72,78 @@ impl BrokerAdminService {
     }
 }
 
+impl BrokerAdminService {
+    /// True when calls go to remote controllers that do not answer right now.
+    fn controllers_down(&self) -> bool {
+        matches!(self.backend, AdminBackend::Remote(_)) && !self.node.controllers_reachable()
+    }
+
+    /// Refuses a metadata change at once while the controllers are down.
+    fn check_controllers(&self, what: &str) -> Result<(), Status> {
+        if self.controllers_down() {
+            return Err(error_status(
+                ErrorCode::ControllerUnavailable,
+                format!("cannot {what}: no controller answers this broker; produce and fetch keep working, retry the change once the controllers are back"),
+                None,
+            ));
+        }
+        Ok(())
+    }
+
+    /// Topic listing from this broker's metadata image.
+    fn list_topics_cached(&self) -> ListTopicsResponse {
+        let metadata = self.node.metadata();
+        let version = metadata.version();
+        metadata.read(|image| ListTopicsResponse {
+            topics: image
+                .topics
+                .values()
+                .map(|t| TopicSummary {
+                    name: t.name.clone(),
+                    id: t.id.clone(),
+                    partitions: t.partitions.len() as u32,
+                    replication_factor: t.replication_factor,
+                })
+                .collect(),
+            metadata_version: version,
+        })
+    }
+
+    /// Topic descriptions from this broker's metadata image.
+    fn describe_topics_cached(&self, names: &[String]) -> Result<DescribeTopicsResponse, Status> {
+        let metadata = self.node.metadata();
+        let version = metadata.version();
+        metadata.read(|image| {
+            let topics: Vec<_> = if names.is_empty() {
+                image.topics.values().collect()
+            } else {
+                names
+                    .iter()
+                    .map(|n| {
+                        image.topics.get(n).ok_or_else(|| {
+                            error_status(
+                                ErrorCode::UnknownTopicOrPartition,
+                                format!("topic '{n}' does not exist"),
+                                None,
+                            )
+                        })
+                    })
+                    .collect::<Result<_, _>>()?
+            };
+            Ok(DescribeTopicsResponse {
+                topics: topics
+                    .into_iter()
+                    .map(|t| TopicDescription {
+                        topic: Some(convert::topic_to_proto(t)),
+                        offsets: Vec::new(),
+                    })
+                    .collect(),
+                metadata_version: version,
+            })
+        })
+    }
+}
+
 fn status(e: ClientError) -> Status {
     error_status(e.code, e.message, None)
 }
@@ -86,6 +167,7 @@ impl Admin for BrokerAdminService {
         request: Request<CreateTopicRequest>,
     ) -> Result<Response<CreateTopicResponse>, Status> {
         let r = request.into_inner();
+        self.check_controllers("create a topic")?;
         let response =
             via_backend!(self, create_topic, r.clone(), c => c.create_topic_request(r.clone()));
         if let Some(topic) = &response.topic {
@@ -101,6 +183,9 @@ impl Admin for BrokerAdminService {
         &self,
         _request: Request<ListTopicsRequest>,
     ) -> Result<Response<ListTopicsResponse>, Status> {
+        if self.controllers_down() {
+            return Ok(Response::new(self.list_topics_cached()));
+        }
         let response = via_backend!(self, list_topics, ListTopicsRequest {}, c => c.list_topics());
         Ok(Response::new(response))
     }
@@ -110,8 +195,11 @@ impl Admin for BrokerAdminService {
         request: Request<DescribeTopicsRequest>,
     ) -> Result<Response<DescribeTopicsResponse>, Status> {
         let r = request.into_inner();
-        let mut response =
-            via_backend!(self, describe_topics, r.clone(), c => c.describe_topics(r.names.clone()));
+        let mut response = if self.controllers_down() {
+            self.describe_topics_cached(&r.names)?
+        } else {
+            via_backend!(self, describe_topics, r.clone(), c => c.describe_topics(r.names.clone()))
+        };
         for d in &mut response.topics {
             let Some(t) = &d.topic else { continue };
             for p in &t.partitions {
@@ -136,6 +224,7 @@ impl Admin for BrokerAdminService {
         request: Request<AlterTopicRequest>,
     ) -> Result<Response<AlterTopicResponse>, Status> {
         let r = request.into_inner();
+        self.check_controllers("alter a topic")?;
         let response = via_backend!(self, alter_topic, r.clone(), c => c.alter_topic(r.clone()));
         Ok(Response::new(response))
     }
@@ -144,9 +233,17 @@ impl Admin for BrokerAdminService {
         &self,
         request: Request<InitProducerIdRequest>,
     ) -> Result<Response<InitProducerIdResponse>, Status> {
-        let r = request.into_inner();
-        let response = via_backend!(self, init_producer_id, r, c => c.init_producer_id());
-        Ok(Response::new(response))
+        let _ = request;
+        let producer_id = self
+            .node
+            .producer_ids()
+            .next(PRODUCER_ID_WAIT)
+            .await
+            .map_err(|e| error_status(e.code, e.message, None))?;
+        Ok(Response::new(InitProducerIdResponse {
+            producer_id,
+            producer_epoch: 0,
+        }))
     }
 
     async fn elect_leaders(
@@ -154,6 +251,7 @@ impl Admin for BrokerAdminService {
         request: Request<ElectLeadersRequest>,
     ) -> Result<Response<ElectLeadersResponse>, Status> {
         let r = request.into_inner();
+        self.check_controllers("elect leaders")?;
         let response =
             via_backend!(self, elect_leaders, r.clone(), c => c.elect_leaders(r.topics.clone()));
         Ok(Response::new(response))
@@ -164,6 +262,7 @@ impl Admin for BrokerAdminService {
         request: Request<DeleteTopicRequest>,
     ) -> Result<Response<DeleteTopicResponse>, Status> {
         let r = request.into_inner();
+        self.check_controllers("delete a topic")?;
         let response = match &self.backend {
             AdminBackend::Remote(c) => DeleteTopicResponse {
                 metadata_version: c.delete_topic(&r.name).await.map_err(status)?,

@@ -13,9 +13,10 @@ use super::forward::{forwarded, is_forwarded, PeerChannels};
 use super::proto::controller_client::ControllerClient;
 use super::proto::controller_server::Controller;
 use super::proto::{
-    AlterPartitionRequest, AlterPartitionResponse, BrokerHeartbeatRequest, BrokerHeartbeatResponse,
-    ControllerStatus, FetchMetadataRequest, FetchMetadataResponse, NodeStatusRequest,
-    NodeStatusResponse, RegisterBrokerRequest, RegisterBrokerResponse,
+    AllocateProducerIdsRequest, AllocateProducerIdsResponse, AlterPartitionRequest,
+    AlterPartitionResponse, BrokerHeartbeatRequest, BrokerHeartbeatResponse, ControllerStatus,
+    FetchMetadataRequest, FetchMetadataResponse, NodeStatusRequest, NodeStatusResponse,
+    RegisterBrokerRequest, RegisterBrokerResponse,
 };
 use crate::controller::command::MetadataCommand;
 use crate::controller::node::{Heartbeat, NodeStatus};
@@ -163,6 +164,23 @@ impl Controller for ControllerService {
             metadata_version: outcome.metadata_version,
             session_timeout_ms: u32::try_from(outcome.session_timeout.as_millis())
                 .unwrap_or(u32::MAX),
+        }))
+    }
+
+    async fn allocate_producer_ids(
+        &self,
+        request: Request<AllocateProducerIdsRequest>,
+    ) -> Result<Response<AllocateProducerIdsResponse>, Status> {
+        forward_to_leader!(self, request, allocate_producer_ids);
+        let r = request.into_inner();
+        self.node
+            .check_broker_epoch(BrokerId(r.broker_id), r.broker_epoch)
+            .await?;
+        let (first, metadata_version) = self.node.allocate_producer_ids(r.count).await?;
+        Ok(Response::new(AllocateProducerIdsResponse {
+            first_producer_id: first,
+            count: r.count,
+            metadata_version,
         }))
     }
 

@@ -47,6 +47,7 @@ fn grpc_code(code: ErrorCode) -> Code {
         | ErrorCode::NotEnoughReplicasAfterAppend
         | ErrorCode::UnknownLeaderEpoch
         | ErrorCode::ClusterNotReady
+        | ErrorCode::ControllerUnavailable
         | ErrorCode::KafkaStorageError => Code::Unavailable,
         ErrorCode::StaleBrokerEpoch
         | ErrorCode::FencedLeaderEpoch

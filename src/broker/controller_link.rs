@@ -11,9 +11,13 @@ use tokio_util::sync::CancellationToken;
 use super::lease::LeaderLease;
 use super::metadata_cache::MetadataCache;
 use super::partition_manager::PartitionManager;
+use super::producer_ids::ProducerIdBlocks;
 use super::replica_manager::ReplicaManager;
 use crate::api::convert;
-use crate::api::proto::{AlterPartitionRequest, BrokerHeartbeatRequest, RegisterBrokerRequest};
+use crate::api::proto::{
+    AllocateProducerIdsRequest, AlterPartitionRequest, BrokerHeartbeatRequest,
+    RegisterBrokerRequest,
+};
 use crate::client::controller::ControllerClient;
 use crate::client::ClientError;
 use crate::controller::model::PartitionRecord;
@@ -25,6 +29,10 @@ use crate::types::BrokerId;
 const METADATA_POLL_WAIT: Duration = Duration::from_secs(5);
 /// Pause after a failed metadata fetch.
 const METADATA_RETRY: Duration = Duration::from_millis(300);
+/// Pause after a failed producer-id reservation.
+const PRODUCER_IDS_RETRY: Duration = Duration::from_secs(1);
+/// Shortest time one heartbeat may take before it counts as unanswered.
+const HEARTBEAT_TIMEOUT_MIN: Duration = Duration::from_secs(1);
 
 /// Who this broker is, for registration.
 #[derive(Debug, Clone)]
@@ -40,6 +48,11 @@ pub struct BrokerIdentity {
 /// The link between a broker and the controller quorum.
 pub struct ControllerLink {
     client: ControllerClient,
+    /// For heartbeats only: a short deadline, so an unreachable quorum is noticed within
+    /// about two heartbeat intervals.
+    heartbeat_client: ControllerClient,
+    /// Whether the last heartbeat went unanswered (logged once per outage).
+    unreachable: AtomicBool,
     identity: BrokerIdentity,
     incarnation_id: String,
     epoch: AtomicU64,
@@ -65,7 +78,10 @@ impl ControllerLink {
         replicas: Arc<ReplicaManager>,
         lease: Arc<LeaderLease>,
     ) -> Self {
+        let heartbeat_timeout = (heartbeat_interval * 2).max(HEARTBEAT_TIMEOUT_MIN);
         Self {
+            heartbeat_client: ControllerClient::new(controllers.clone(), heartbeat_timeout),
+            unreachable: AtomicBool::new(false),
             client: ControllerClient::new(controllers, Duration::from_secs(10)),
             identity,
             incarnation_id: uuid::Uuid::new_v4().to_string(),
@@ -190,8 +206,11 @@ impl ControllerLink {
             want_shut_down,
         };
         let sent_at = Instant::now();
-        match self.client.heartbeat(request).await {
+        match self.heartbeat_client.heartbeat(request).await {
             Ok(r) => {
+                if self.unreachable.swap(false, Ordering::SeqCst) {
+                    tracing::info!("the controllers answer again");
+                }
                 self.lease.on_heartbeat(
                     sent_at,
                     r.fenced,
@@ -218,7 +237,59 @@ impl ControllerLink {
                     .await?;
                 Ok(false)
             }
-            Err(e) => Err(e),
+            Err(e) => {
+                // No controller answered: the lease decides what that means for writes.
+                self.lease.on_heartbeat_unanswered(sent_at);
+                if !self.unreachable.swap(true, Ordering::SeqCst) {
+                    tracing::warn!(error = %e, "no controller answers heartbeats; partition leaders keep serving, metadata changes wait");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Keeps `blocks` stocked with producer ids reserved at the controllers until `cancel`.
+    pub async fn run_producer_id_blocks(
+        self: Arc<Self>,
+        blocks: Arc<ProducerIdBlocks>,
+        cancel: CancellationToken,
+    ) {
+        let mut failing = false;
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = blocks.block_needed() => {}
+            }
+            let request = AllocateProducerIdsRequest {
+                broker_id: self.identity.id.0,
+                broker_epoch: self.epoch.load(Ordering::SeqCst),
+                count: blocks.block_size(),
+            };
+            let result = tokio::select! {
+                _ = cancel.cancelled() => return,
+                r = self.client.allocate_producer_ids(request) => r,
+            };
+            match result {
+                Ok(r) => {
+                    failing = false;
+                    tracing::debug!(
+                        first = r.first_producer_id,
+                        count = r.count,
+                        "reserved producer ids"
+                    );
+                    blocks.add_block(r.first_producer_id, r.count);
+                }
+                Err(e) => {
+                    if !failing {
+                        tracing::warn!(error = %e, remaining = blocks.remaining(), "cannot reserve producer ids; retrying");
+                    }
+                    failing = true;
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        _ = tokio::time::sleep(PRODUCER_IDS_RETRY) => {}
+                    }
+                }
+            }
         }
     }
 
@@ -249,7 +320,7 @@ impl ControllerLink {
     pub async fn run_heartbeats(self: Arc<Self>, cancel: CancellationToken) {
         loop {
             if let Err(e) = self.heartbeat(false).await {
-                tracing::warn!(error = %e, "heartbeat failed");
+                tracing::debug!(error = %e, "heartbeat failed");
             }
             tokio::select! {
                 _ = cancel.cancelled() => return,

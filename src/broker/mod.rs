@@ -6,7 +6,9 @@
 //! - [`partition_manager`]: opens, creates and deletes partition logs to match it;
 //! - [`node`]: request handling;
 //! - [`group`]: consumer group coordination and committed offsets;
-//! - [`lease`]: whether the broker may accept writes (its session is certainly alive);
+//! - [`lease`]: whether the broker may accept writes (fenced, answered, or controllers
+//!   unreachable);
+//! - [`producer_ids`]: idempotent producer ids from blocks reserved in advance;
 //! - [`replica_manager`]: partition roles from the metadata, fetchers, ISR proposals;
 //! - [`controller_link`]: registration, heartbeats, metadata long-poll, controlled shutdown.
 
@@ -17,6 +19,7 @@ pub mod lease;
 pub mod metadata_cache;
 pub mod node;
 pub mod partition_manager;
+pub mod producer_ids;
 pub mod replica_manager;
 
 pub use error::BrokerError;

@@ -7,14 +7,18 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use super::error::BrokerError;
-use super::lease::LeaderLease;
+use super::lease::{LeaderLease, LeaseCheck};
 use super::metadata_cache::MetadataCache;
 use super::partition_manager::{LocalPartition, PartitionManager};
+use super::producer_ids::ProducerIdBlocks;
 use crate::error_code::ErrorCode;
 use crate::partition::{FetchData, Isolation};
 use crate::replication::IsrChange;
 use crate::topic_config::TopicConfig;
 use crate::types::{BrokerId, LeaderEpoch, Offset};
+
+/// Longest a write waits for a lapsed lease to be confirmed or given up by a heartbeat.
+const LEASE_PENDING_WAIT_MAX: Duration = Duration::from_secs(5);
 
 /// Limits of the broker's request handling.
 #[derive(Debug, Clone)]
@@ -107,11 +111,13 @@ pub struct BrokerNode {
     limits: BrokerLimits,
     lease: Arc<LeaderLease>,
     isr_changes: mpsc::UnboundedSender<IsrChange>,
+    producer_ids: Arc<ProducerIdBlocks>,
 }
 
 impl BrokerNode {
     /// A broker `id` serving `partitions` as `metadata` says. ISR changes its leaders
-    /// decide go to `isr_changes`; `lease` says whether it may accept writes.
+    /// decide go to `isr_changes`; `lease` says whether it may accept writes; new
+    /// idempotent producers get ids from `producer_ids`.
     pub fn new(
         id: BrokerId,
         metadata: Arc<MetadataCache>,
@@ -119,6 +125,7 @@ impl BrokerNode {
         limits: BrokerLimits,
         lease: Arc<LeaderLease>,
         isr_changes: mpsc::UnboundedSender<IsrChange>,
+        producer_ids: Arc<ProducerIdBlocks>,
     ) -> Self {
         Self {
             id,
@@ -127,7 +134,18 @@ impl BrokerNode {
             limits,
             lease,
             isr_changes,
+            producer_ids,
         }
+    }
+
+    /// Producer ids this broker hands out itself.
+    pub fn producer_ids(&self) -> &Arc<ProducerIdBlocks> {
+        &self.producer_ids
+    }
+
+    /// Whether the controllers answered this broker's latest heartbeat.
+    pub fn controllers_reachable(&self) -> bool {
+        self.lease.controllers_reachable()
     }
 
     /// This broker's id.
@@ -213,13 +231,12 @@ impl BrokerNode {
         acks: Acks,
         timeout: Duration,
     ) -> Result<Produced, BrokerError> {
+        // Fail fast on a partition we do not lead; then the lease; then look again, as
+        // the metadata may have moved while the lease was confirmed.
+        self.leader_partition(topic, partition)?;
+        self.wait_for_write_permission(topic, partition, timeout)
+            .await?;
         let (local, epoch) = self.leader_partition(topic, partition)?;
-        if let Err(why) = self.lease.check(self.metadata.version()) {
-            return Err(BrokerError::new(
-                ErrorCode::NotLeaderOrFollower,
-                format!("{topic}-{partition}: {why}; refusing writes"),
-            ));
-        }
         let min_isr = self.topic_config(topic).min_insync_replicas as usize;
         if acks == Acks::All {
             let isr = local.isr_size(epoch).unwrap_or(0);
@@ -247,6 +264,37 @@ impl BrokerNode {
             base_offset: info.first_offset,
             log_start_offset: local.log.log_start_offset(),
         })
+    }
+
+    /// Waits (at most `timeout`, and never longer than [`LEASE_PENDING_WAIT_MAX`]) until
+    /// the lease allows writes; see [`LeaderLease`].
+    async fn wait_for_write_permission(
+        &self,
+        topic: &str,
+        partition: u32,
+        timeout: Duration,
+    ) -> Result<(), BrokerError> {
+        let deadline = tokio::time::Instant::now() + timeout.min(LEASE_PENDING_WAIT_MAX);
+        loop {
+            let changed = self.lease.changed();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let why = match self.lease.check(self.metadata.version()) {
+                LeaseCheck::Granted => return Ok(()),
+                LeaseCheck::Refused(why) => why,
+                LeaseCheck::Pending => {
+                    if tokio::time::timeout_at(deadline, changed).await.is_ok() {
+                        continue;
+                    }
+                    "this broker's session with the controllers lapsed and is not confirmed yet"
+                        .to_owned()
+                }
+            };
+            return Err(BrokerError::new(
+                ErrorCode::NotLeaderOrFollower,
+                format!("{topic}-{partition}: {why}; refusing writes"),
+            ));
+        }
     }
 
     fn read_one(&self, target: &FetchTarget) -> Result<FetchData, BrokerError> {

@@ -18,9 +18,13 @@ use crate::error_code::ErrorCode;
 const OFFSETS_FAN_OUT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Admin answers come from the controllers' authoritative metadata: an unknown topic
-/// is final, unlike for produce and fetch, where metadata may still be propagating.
+/// is final, unlike for produce and fetch, where metadata may still be propagating. A
+/// controller outage is reported at once (the code stays retriable for the caller):
+/// an operator should not wait a whole timeout to learn that the quorum is down.
 fn retriable(code: ErrorCode) -> bool {
-    code.is_retriable() && code != ErrorCode::UnknownTopicOrPartition
+    code.is_retriable()
+        && code != ErrorCode::UnknownTopicOrPartition
+        && code != ErrorCode::ControllerUnavailable
 }
 
 /// Talks to the Admin service of a cluster.
@@ -181,7 +185,7 @@ impl AdminClient {
     /// A new idempotent producer id.
     pub async fn init_producer_id(&self) -> Result<InitProducerIdResponse, ClientError> {
         self.connection
-            .call_retrying("init producer id", retriable, |c| async move {
+            .call("init producer id", |c| async move {
                 Grpc::new(c)
                     .init_producer_id(InitProducerIdRequest {})
                     .await

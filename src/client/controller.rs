@@ -7,8 +7,9 @@ use super::connection::Connection;
 use super::error::ClientError;
 use crate::api::proto::controller_client::ControllerClient as Grpc;
 use crate::api::proto::{
-    AlterPartitionRequest, AlterPartitionResponse, BrokerHeartbeatRequest, BrokerHeartbeatResponse,
-    FetchMetadataRequest, FetchMetadataResponse, RegisterBrokerRequest, RegisterBrokerResponse,
+    AllocateProducerIdsRequest, AllocateProducerIdsResponse, AlterPartitionRequest,
+    AlterPartitionResponse, BrokerHeartbeatRequest, BrokerHeartbeatResponse, FetchMetadataRequest,
+    FetchMetadataResponse, RegisterBrokerRequest, RegisterBrokerResponse,
 };
 
 /// Talks to the Controller service of a quorum.
@@ -45,6 +46,18 @@ impl ControllerClient {
         self.connection
             .call("broker heartbeat", |c| async move {
                 Grpc::new(c).broker_heartbeat(request).await
+            })
+            .await
+    }
+
+    /// Reserves a block of producer ids for a broker.
+    pub async fn allocate_producer_ids(
+        &self,
+        request: AllocateProducerIdsRequest,
+    ) -> Result<AllocateProducerIdsResponse, ClientError> {
+        self.connection
+            .call("allocate producer ids", |c| async move {
+                Grpc::new(c).allocate_producer_ids(request).await
             })
             .await
     }

@@ -449,14 +449,48 @@ impl ControllerNode {
 
     /// A new idempotent producer id (epoch 0) and the metadata version.
     pub async fn allocate_producer_id(&self) -> Result<(i64, u64), ControllerError> {
+        self.allocate_producer_ids(1).await
+    }
+
+    /// Reserves `count` consecutive producer ids; returns the first and the metadata
+    /// version. Brokers reserve blocks so they can start producers without the quorum.
+    pub async fn allocate_producer_ids(&self, count: u32) -> Result<(i64, u64), ControllerError> {
         match self
-            .propose(MetadataCommand::AllocateProducerIds { count: 1 })
+            .propose(MetadataCommand::AllocateProducerIds { count })
             .await?
         {
             (CommandOutput::ProducerIds(id), version) => Ok((id, version)),
             _ => Err(ControllerError::Internal(
                 "producer id allocation returned no id".to_owned(),
             )),
+        }
+    }
+
+    /// Checks that `broker_id` is registered with `broker_epoch` (on a fresh image when
+    /// the local one disagrees).
+    pub async fn check_broker_epoch(
+        &self,
+        broker_id: BrokerId,
+        broker_epoch: u64,
+    ) -> Result<(), ControllerError> {
+        let current = |image: &MetadataImage| image.brokers.get(&broker_id).map(|b| b.epoch);
+        if self.store.read(|image, _| current(image)) != Some(broker_epoch) {
+            self.read_barrier().await?;
+        }
+        match self.store.read(|image, _| current(image)) {
+            None => Err(MetadataError::new(
+                ErrorCode::BrokerNotRegistered,
+                format!("broker {broker_id} is not registered"),
+            )
+            .into()),
+            Some(epoch) if epoch != broker_epoch => Err(MetadataError::new(
+                ErrorCode::StaleBrokerEpoch,
+                format!(
+                    "broker {broker_id} sent epoch {broker_epoch}, but its current registration has epoch {epoch}"
+                ),
+            )
+            .into()),
+            Some(_) => Ok(()),
         }
     }
 

@@ -24,6 +24,7 @@ use crate::broker::lease::LeaderLease;
 use crate::broker::metadata_cache::MetadataCache;
 use crate::broker::node::BrokerLimits;
 use crate::broker::partition_manager::PartitionManager;
+use crate::broker::producer_ids::{ProducerIdBlocks, DEFAULT_BLOCK_SIZE as PRODUCER_ID_BLOCK_SIZE};
 use crate::broker::replica_manager::{ReplicaManager, ReplicationSettings};
 use crate::broker::BrokerNode;
 use crate::client::connection::parse_bootstrap;
@@ -59,6 +60,7 @@ impl BrokerRuntime {
         let metadata = Arc::new(MetadataCache::default());
         let partitions = Arc::new(PartitionManager::new(&config.data_dir, id));
         let lease = Arc::new(LeaderLease::default());
+        let producer_ids = Arc::new(ProducerIdBlocks::new(PRODUCER_ID_BLOCK_SIZE));
         let (isr_tx, isr_rx) = tokio::sync::mpsc::unbounded_channel();
         let node = BrokerNode::new(
             id,
@@ -70,6 +72,7 @@ impl BrokerRuntime {
             },
             lease.clone(),
             isr_tx.clone(),
+            producer_ids,
         );
         let replicas = Arc::new(ReplicaManager::new(
             id,
@@ -208,6 +211,11 @@ impl BrokerRuntime {
                 }
             }
         });
+        tasks.spawn(
+            self.link
+                .clone()
+                .run_producer_id_blocks(self.node.producer_ids().clone(), cancel.clone()),
+        );
         tasks.spawn(self.link.clone().run_metadata(cancel.clone()));
         tasks.spawn(self.link.clone().run_heartbeats(cancel.clone()));
         Ok(())

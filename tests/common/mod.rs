@@ -354,18 +354,21 @@ impl Drop for FakeBroker {
     }
 }
 
-/// One controller and `n` brokers on loopback.
+/// A controller quorum and `n` brokers on loopback. A broker may reach the controllers
+/// through its own [`LinkProxy`], so a test can cut it off from them alone.
 pub struct BrokerCluster {
     /// Extra environment for every process (e.g. replication timings).
     pub extra_env: Vec<(String, String)>,
     pub dir: tempfile::TempDir,
-    pub controller: Option<Proc>,
-    pub controller_port: u16,
+    pub controllers: Controllers,
     pub broker_ports: Vec<u16>,
     pub brokers: Vec<Option<Proc>>,
+    /// Per broker: the proxy its controller links go through, when it has one.
+    pub links: Vec<Option<LinkProxy>>,
 }
 
-const SESSION: &[(&str, &str)] = &[
+/// Broker session timings for tests: fencing within seconds.
+pub const SESSION: &[(&str, &str)] = &[
     ("TIDELOG_BROKER_SESSION_TIMEOUT_MS", "3000"),
     ("TIDELOG_BROKER_HEARTBEAT_INTERVAL_MS", "300"),
 ];
@@ -378,19 +381,36 @@ impl BrokerCluster {
 
     /// Like [`BrokerCluster::start`], with extra environment for every process.
     pub fn start_with(n: usize, env: &[(&str, &str)]) -> Self {
-        let ports = free_ports(n + 1);
+        Self::build(1, n, env, false)
+    }
+
+    /// `controllers` controllers and brokers 1..=n; with `proxied`, every broker reaches
+    /// the controllers through its own [`LinkProxy`] (needs a Tokio runtime).
+    pub fn build(controllers: usize, n: usize, env: &[(&str, &str)], proxied: bool) -> Self {
+        let envs: Vec<(&str, &str)> = SESSION.iter().chain(env.iter()).copied().collect();
+        let controllers = Controllers::start(controllers, &envs);
+        let links = (0..n)
+            .map(|_| {
+                proxied.then(|| {
+                    LinkProxy::start(
+                        (1..=controllers.ports.len() as u64)
+                            .map(|id| controllers.address(id))
+                            .collect(),
+                    )
+                })
+            })
+            .collect();
         let mut c = BrokerCluster {
             dir: tempfile::tempdir().unwrap(),
-            controller: None,
-            controller_port: ports[0],
-            broker_ports: ports[1..].to_vec(),
+            controllers,
+            broker_ports: free_ports(n),
             brokers: (0..n).map(|_| None).collect(),
+            links,
             extra_env: env
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
         };
-        c.start_controller();
         for id in 1..=n as i32 {
             c.start_broker(id);
         }
@@ -406,30 +426,16 @@ impl BrokerCluster {
             .collect()
     }
 
-    /// See the name.
+    /// The first controller's address.
     pub fn controller_address(&self) -> String {
-        format!("127.0.0.1:{}", self.controller_port)
+        self.controllers.address(1)
     }
 
-    /// See the name.
-    pub fn start_controller(&mut self) {
-        let addr = self.controller_address();
-        let args = vec![
-            "--node-id".into(),
-            "1".into(),
-            "--listen".into(),
-            addr.clone(),
-            "--peers".into(),
-            format!("1={addr}"),
-            "--data-dir".into(),
-            self.dir.path().join("controller").display().to_string(),
-        ];
-        self.controller = Some(Proc::start(
-            "controller",
-            &args,
-            &self.envs(),
-            self.dir.path(),
-        ));
+    /// Every controller's address.
+    pub fn controller_addresses(&self) -> Vec<String> {
+        (1..=self.controllers.ports.len() as u64)
+            .map(|id| self.controllers.address(id))
+            .collect()
     }
 
     /// See the name.
@@ -439,13 +445,17 @@ impl BrokerCluster {
 
     /// See the name.
     pub fn start_broker(&mut self, id: i32) {
+        let controllers = match &self.links[id as usize - 1] {
+            Some(proxy) => proxy.addresses.join(","),
+            None => self.controller_addresses().join(","),
+        };
         let args = vec![
             "--broker-id".into(),
             id.to_string(),
             "--listen".into(),
             self.broker_address(id),
             "--controllers".into(),
-            self.controller_address(),
+            controllers,
             "--data-dir".into(),
             self.dir
                 .path()
@@ -462,6 +472,89 @@ impl BrokerCluster {
         (1..=self.brokers.len() as i32)
             .map(|id| self.broker_address(id))
             .collect()
+    }
+}
+
+/// A TCP proxy on loopback in front of some addresses (one listening port each) that a
+/// test can cut, like a network partition: while cut, open connections stop carrying
+/// bytes and new ones are accepted but never answered (so calls time out, as across a
+/// real partition); on healing, the held connections are closed and new ones pass.
+pub struct LinkProxy {
+    /// The proxy's addresses, one per target, in order.
+    pub addresses: Vec<String>,
+    cut: tokio::sync::watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl LinkProxy {
+    /// Proxies `targets`; must be called within a Tokio runtime.
+    pub fn start(targets: Vec<String>) -> LinkProxy {
+        let (cut, _) = tokio::sync::watch::channel(false);
+        let mut addresses = Vec::new();
+        let mut tasks = Vec::new();
+        for target in targets {
+            let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            std_listener.set_nonblocking(true).expect("nonblocking");
+            addresses.push(std_listener.local_addr().unwrap().to_string());
+            let listener = tokio::net::TcpListener::from_std(std_listener).expect("listener");
+            let cut_rx = cut.subscribe();
+            tasks.push(tokio::spawn(async move {
+                while let Ok((inbound, _)) = listener.accept().await {
+                    let _ = inbound.set_nodelay(true);
+                    tokio::spawn(Self::serve(inbound, target.clone(), cut_rx.clone()));
+                }
+            }));
+        }
+        LinkProxy {
+            addresses,
+            cut,
+            tasks,
+        }
+    }
+
+    /// Stops carrying traffic.
+    pub fn cut(&self) {
+        self.cut.send_replace(true);
+    }
+
+    /// Carries traffic again.
+    pub fn heal(&self) {
+        self.cut.send_replace(false);
+    }
+
+    async fn serve(
+        inbound: tokio::net::TcpStream,
+        target: String,
+        mut cut: tokio::sync::watch::Receiver<bool>,
+    ) {
+        if *cut.borrow() {
+            // Accepted during a partition: never answered; closed on healing.
+            let _ = cut.wait_for(|c| !*c).await;
+            return;
+        }
+        let Ok(outbound) = tokio::net::TcpStream::connect(&target).await else {
+            return;
+        };
+        let _ = outbound.set_nodelay(true);
+        let (mut in_read, mut in_write) = inbound.into_split();
+        let (mut out_read, mut out_write) = outbound.into_split();
+        tokio::select! {
+            _ = tokio::io::copy(&mut in_read, &mut out_write) => return,
+            _ = tokio::io::copy(&mut out_read, &mut in_write) => return,
+            _ = cut.wait_for(|c| *c) => {}
+        }
+        // Cut: hold both connections without carrying a byte until healed.
+        let _ = cut.wait_for(|c| !*c).await;
+    }
+}
+
+impl Drop for LinkProxy {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        // Wakes held connections so they close.
+        self.cut.send_replace(false);
     }
 }
 
