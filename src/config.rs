@@ -306,9 +306,122 @@ pub fn parse_peers(text: &str) -> Result<BTreeMap<NodeId, String>, ConfigLoadErr
     Ok(peers)
 }
 
+/// `TIDELOG_*` variables that are not server settings (the client subcommands read them).
+const CLIENT_VARIABLES: &[&str] = &["bootstrap"];
+
+/// The keys of `T` (its serialized field names) with their default values.
+pub fn defaults_of<T: Serialize + Default>() -> serde_json::Map<String, serde_json::Value> {
+    match serde_json::to_value(T::default()) {
+        Ok(serde_json::Value::Object(map)) => map,
+        _ => serde_json::Map::new(),
+    }
+}
+
+/// Every server setting with its default: the broker's and the controller's (one file
+/// may configure both roles, as `standalone` does).
+pub fn known_settings() -> serde_json::Map<String, serde_json::Value> {
+    let mut all = defaults_of::<ControllerConfig>();
+    all.extend(defaults_of::<BrokerConfig>());
+    all
+}
+
+/// The known key closest to `key` (by edit distance), if any is close enough to be a
+/// likely typo.
+pub fn closest_key<'a>(key: &str, known: impl Iterator<Item = &'a String>) -> Option<&'a str> {
+    known
+        .map(|k| (edit_distance(key, k), k))
+        .filter(|(d, k)| *d <= (k.len() / 3).max(2))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k.as_str())
+}
+
+/// Levenshtein distance between two strings (by bytes; keys are ASCII).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.iter().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (diagonal + usize::from(ca != cb))
+                .min(above + 1)
+                .min(row[j] + 1);
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
+
+/// Checks one setting from `source` against the known keys and their defaults' types.
+fn check_setting(
+    key: &str,
+    value: &config::Value,
+    source: &str,
+    known: &serde_json::Map<String, serde_json::Value>,
+    from_env: bool,
+) -> Result<(), ConfigLoadError> {
+    let Some(default) = known.get(key) else {
+        let hint = closest_key(key, known.keys())
+            .map(|k| {
+                if from_env {
+                    format!("; did you mean TIDELOG_{}?", k.to_ascii_uppercase())
+                } else {
+                    format!("; did you mean '{k}'?")
+                }
+            })
+            .unwrap_or_default();
+        let name = if from_env {
+            format!("TIDELOG_{}", key.to_ascii_uppercase())
+        } else {
+            format!("'{key}'")
+        };
+        return Err(ConfigLoadError(format!(
+            "unknown setting {name} in {source}{hint} (config/tidelog.toml lists every setting)"
+        )));
+    };
+    let text = value.to_string();
+    let wrong = |expected: &str| {
+        Err(ConfigLoadError(format!(
+            "{key} in {source} must be {expected}, got {text:?}"
+        )))
+    };
+    use config::ValueKind;
+    match (default, &value.kind) {
+        (serde_json::Value::Bool(_), ValueKind::Boolean(_)) => Ok(()),
+        (serde_json::Value::Bool(_), ValueKind::String(s)) if from_env => {
+            if s == "true" || s == "false" {
+                Ok(())
+            } else {
+                wrong("true or false")
+            }
+        }
+        (serde_json::Value::Bool(_), _) => wrong("true or false"),
+        (serde_json::Value::Number(_), ValueKind::I64(_) | ValueKind::U64(_)) => Ok(()),
+        (serde_json::Value::Number(_), ValueKind::String(s)) if from_env => {
+            if s.parse::<i128>().is_ok() {
+                Ok(())
+            } else {
+                wrong("a whole number")
+            }
+        }
+        (serde_json::Value::Number(_), _) => wrong("a whole number"),
+        (serde_json::Value::String(_), ValueKind::String(_)) => Ok(()),
+        (serde_json::Value::String(_), _) if from_env => Ok(()),
+        (serde_json::Value::String(_), _) => wrong("a string"),
+        _ => Ok(()),
+    }
+}
+
 /// Loads `T` from its defaults, then `file`, then `TIDELOG_*` variables, then `flags`
-/// (only the flags the user gave).
-pub fn load<T>(file: Option<&Path>, flags: &[(&str, Option<String>)]) -> Result<T, ConfigLoadError>
+/// (only the flags the user gave). Every key in the file and every `TIDELOG_*` variable
+/// must be one of `known` (with a value of the default's type): anything else is refused,
+/// naming the key, where it came from and the closest known key.
+pub fn load<T>(
+    file: Option<&Path>,
+    flags: &[(&str, Option<String>)],
+    known: &serde_json::Map<String, serde_json::Value>,
+) -> Result<T, ConfigLoadError>
 where
     T: Serialize + DeserializeOwned + Default,
 {
@@ -322,11 +435,26 @@ where
                 path.display()
             )));
         }
-        builder = builder.add_source(
-            config::File::from(path)
-                .format(config::FileFormat::Toml)
-                .required(true),
-        );
+        let source = config::File::from(path)
+            .format(config::FileFormat::Toml)
+            .required(true);
+        let table = config::Source::collect(&source)
+            .map_err(|e| ConfigLoadError(format!("{}: {e}", path.display())))?;
+        for (key, value) in &table {
+            check_setting(key, value, &path.display().to_string(), known, false)?;
+        }
+        builder = builder.add_source(source);
+    }
+    for (name, value) in std::env::vars() {
+        let Some(key) = name.strip_prefix("TIDELOG_") else {
+            continue;
+        };
+        let key = key.to_ascii_lowercase();
+        if CLIENT_VARIABLES.contains(&key.as_str()) {
+            continue;
+        }
+        let value = config::Value::new(None, config::ValueKind::String(value));
+        check_setting(&key, &value, "the environment", known, true)?;
     }
     builder = builder.add_source(
         config::Environment::with_prefix("TIDELOG")
@@ -373,11 +501,54 @@ mod tests {
                 ("raft_snapshot_entries", Some("9".to_owned())),
                 ("listen", None),
             ],
+            &known_settings(),
         )
         .unwrap();
         assert_eq!(c.broker_session_timeout_ms, 5000);
         assert_eq!(c.raft_snapshot_entries, 9);
         assert_eq!(c.listen, "127.0.0.1:9293");
+    }
+
+    #[test]
+    fn unknown_keys_and_wrong_types_are_refused_with_the_closest_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        let attempt = |text: &str| {
+            std::fs::write(&file, text).unwrap();
+            load::<BrokerConfig>(Some(&file), &[], &known_settings())
+        };
+        let e = attempt("auto_create_topic_enable = true\n").unwrap_err().0;
+        assert!(e.contains("'auto_create_topic_enable'"), "{e}");
+        assert!(e.contains("c.toml"), "{e}");
+        assert!(
+            e.contains("did you mean 'auto_create_topics_enable'"),
+            "{e}"
+        );
+        let e = attempt("auto_create_topics_enable = \"yes\"\n")
+            .unwrap_err()
+            .0;
+        assert!(
+            e.contains("auto_create_topics_enable") && e.contains("true or false"),
+            "{e}"
+        );
+        let e = attempt("fetch_max_bytes = \"lots\"\n").unwrap_err().0;
+        assert!(
+            e.contains("fetch_max_bytes") && e.contains("whole number"),
+            "{e}"
+        );
+        // A controller key in a broker's file is a real setting (one file may serve both).
+        let c = attempt("auto_create_topics_enable = true\nraft_snapshot_entries = 5\n").unwrap();
+        assert!(c.auto_create_topics_enable);
+    }
+
+    #[test]
+    fn closest_key_finds_typos_only() {
+        let known = known_settings();
+        assert_eq!(closest_key("listn", known.keys()), Some("listen"));
+        assert_eq!(closest_key("data-dir", known.keys()), Some("data_dir"));
+        assert_eq!(closest_key("completely_unrelated_name", known.keys()), None);
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert_eq!(edit_distance("", "abc"), 3);
     }
 
     #[test]

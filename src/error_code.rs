@@ -80,6 +80,7 @@ error_codes! {
     FencedMemberEpoch = "FENCED_MEMBER_EPOCH", false, "The member epoch is not the member's current one; join again.";
     GroupNotEmpty = "GROUP_NOT_EMPTY", false, "The group has active members; stop them first.";
     GroupIdNotFound = "GROUP_ID_NOT_FOUND", false, "No such group.";
+    NetworkException = "NETWORK_EXCEPTION", true, "The connection failed or broke (refused, reset, closed mid-request): the server may be down or restarting; the request may or may not have taken effect. Retry, after a metadata refresh for partition requests.";
     ControllerUnavailable = "CONTROLLER_UNAVAILABLE", true, "No controller answers (the quorum is down or cut off): metadata changes such as creating topics wait until it returns; produce and fetch keep working.";
     InvalidProducerEpoch = "INVALID_PRODUCER_EPOCH", false, "The producer epoch is older than the current one (a newer producer took over), or a new epoch does not start at sequence 0.";
 }

@@ -265,7 +265,7 @@ async fn three_brokers_serve_a_twelve_partition_topic_through_any_bootstrap() {
         .await
         .unwrap();
     let produce = |topic: &str, partition: u32, value: Vec<u8>| ProduceRequest {
-        acks: 1,
+        acks: Some(1),
         timeout_ms: 1000,
         topics: vec![TopicProduceData {
             topic: topic.to_owned(),
@@ -327,7 +327,7 @@ async fn three_brokers_serve_a_twelve_partition_topic_through_any_bootstrap() {
     );
     let empty = lead
         .produce(ProduceRequest {
-            acks: 1,
+            acks: Some(1),
             timeout_ms: 1000,
             topics: vec![],
         })
@@ -367,6 +367,20 @@ async fn three_brokers_serve_a_twelve_partition_topic_through_any_bootstrap() {
     );
     let after = read_all(&c.bootstrap(), "wide", 12).await;
     assert_eq!(after.len(), 3000, "rejected requests wrote nothing");
+
+    // A request that leaves acks out is acknowledged as acks=all (with a real offset),
+    // never silently sent fire-and-forget (acks=0 answers offset -1).
+    let defaulted = lead
+        .produce(ProduceRequest {
+            acks: None,
+            ..produce("wide", 0, b"durable".to_vec())
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let dp = &defaulted.topics[0].partitions[0];
+    assert_eq!(dp.error_code, 0, "{dp:?}");
+    assert!(dp.base_offset >= 0, "acks defaults to all: {dp:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

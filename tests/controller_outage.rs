@@ -29,10 +29,10 @@ const PARTITIONS: u32 = 6;
 /// The two tests each run six processes: one at a time on a small machine.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// How long every controller stays down (`TIDELOG_TEST_OUTAGE_SECS`, default 60).
+/// How long every controller stays down (`OUTAGE_TEST_SECS`, default 60).
 fn outage() -> Duration {
     Duration::from_secs(
-        std::env::var("TIDELOG_TEST_OUTAGE_SECS")
+        std::env::var("OUTAGE_TEST_SECS")
             .ok()
             .and_then(|s| s.parse().ok())
             .unwrap_or(60),

@@ -110,7 +110,7 @@ async fn produce_once(
         .await
         .map_err(|e| (ErrorCode::RequestTimedOut, e.to_string()))?;
     let request = ProduceRequest {
-        acks,
+        acks: Some(acks),
         timeout_ms: 5_000,
         topics: vec![TopicProduceData {
             topic: topic.to_owned(),

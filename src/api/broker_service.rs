@@ -177,10 +177,12 @@ impl Broker for BrokerService {
                 None,
             ));
         }
-        if !matches!(r.acks, -1..=1) {
+        // A request without acks gets the durable default, as Kafka's producer does.
+        let acks = r.acks.unwrap_or(-1);
+        if !matches!(acks, -1..=1) {
             return Err(error_status(
                 ErrorCode::InvalidRequest,
-                format!("acks must be 0, 1 or -1 (all), got {}", r.acks),
+                format!("acks must be 0, 1 or -1 (all), got {acks}"),
                 None,
             ));
         }
@@ -197,7 +199,7 @@ impl Broker for BrokerService {
                 pending.push(async move {
                     let outcome = match encode_records(p) {
                         Ok(bytes) => {
-                            self.produce_one(topic, p.partition, bytes, r.acks, timeout)
+                            self.produce_one(topic, p.partition, bytes, acks, timeout)
                                 .await
                         }
                         Err(e) => Err(e),

@@ -5,7 +5,7 @@
 use tonic::metadata::MetadataValue;
 use tonic::{Code, Status};
 
-use crate::controller::ControllerError;
+use crate::controller::{ControllerError, MetadataError};
 use crate::error_code::ErrorCode;
 
 /// Metadata key holding the [`ErrorCode`] name.
@@ -14,6 +14,8 @@ pub const ERROR_CODE_KEY: &str = "tidelog-error-code";
 pub const RETRIABLE_KEY: &str = "tidelog-retriable";
 /// Metadata key holding the address of the node to retry at.
 pub const LEADER_HINT_KEY: &str = "tidelog-leader-hint";
+/// Metadata key holding how many milliseconds a retry is pointless for (when known).
+pub const RETRY_AFTER_KEY: &str = "tidelog-retry-after-ms";
 /// Request metadata set on requests one controller forwards to another (never forwarded twice).
 pub const FORWARDED_KEY: &str = "tidelog-forwarded";
 
@@ -48,6 +50,7 @@ fn grpc_code(code: ErrorCode) -> Code {
         | ErrorCode::UnknownLeaderEpoch
         | ErrorCode::ClusterNotReady
         | ErrorCode::ControllerUnavailable
+        | ErrorCode::NetworkException
         | ErrorCode::KafkaStorageError => Code::Unavailable,
         ErrorCode::StaleBrokerEpoch
         | ErrorCode::FencedLeaderEpoch
@@ -85,8 +88,28 @@ impl From<ControllerError> for Status {
             } => Some(addr.clone()),
             _ => None,
         };
-        error_status(e.code(), e.message(), hint.as_deref())
+        let mut status = error_status(e.code(), e.message(), hint.as_deref());
+        if let ControllerError::Rejected(MetadataError {
+            retry_after_ms: Some(ms),
+            ..
+        }) = &e
+        {
+            if let Ok(v) = ms.to_string().parse() {
+                status.metadata_mut().insert(RETRY_AFTER_KEY, v);
+            }
+        }
+        status
     }
+}
+
+/// How long the status says a retry is pointless for, if it says.
+pub fn retry_after_of(status: &Status) -> Option<std::time::Duration> {
+    status
+        .metadata()
+        .get(RETRY_AFTER_KEY)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .map(std::time::Duration::from_millis)
 }
 
 /// Reads the error code a status carries; statuses without one (transport failures) map
@@ -101,11 +124,32 @@ pub fn code_of(status: &Status) -> ErrorCode {
         return code;
     }
     match status.code() {
-        Code::DeadlineExceeded | Code::Cancelled => ErrorCode::RequestTimedOut,
-        Code::Unavailable => ErrorCode::NotController,
+        Code::DeadlineExceeded => ErrorCode::RequestTimedOut,
+        // No server answered with a status of its own: the connection failed (refused,
+        // reset, closed mid-request). Retriable, and honest about what happened.
+        Code::Unavailable | Code::Cancelled => ErrorCode::NetworkException,
+        Code::Unknown if is_transport_failure(status.message()) => ErrorCode::NetworkException,
         Code::InvalidArgument | Code::Unimplemented => ErrorCode::InvalidRequest,
         _ => ErrorCode::UnknownServerError,
     }
+}
+
+/// Whether a status message without a tidelog code is the transport's own (tonic and
+/// hyper report broken connections as `Unknown` with such messages).
+fn is_transport_failure(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    [
+        "transport error",
+        "connection",
+        "broken pipe",
+        "h2 protocol error",
+        "stream closed",
+        "error trying to connect",
+        "tcp connect error",
+        "operation was canceled",
+    ]
+    .iter()
+    .any(|needle| m.contains(needle))
 }
 
 /// An error code as the `tidelog.v1.ErrorCode` wire value.
@@ -139,6 +183,30 @@ pub fn leader_hint_of(status: &Status) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn transport_failures_are_retriable_network_errors() {
+        for status in [
+            Status::unavailable(
+                "error trying to connect: tcp connect error: Connection refused (os error 111)",
+            ),
+            Status::unknown("transport error"),
+            Status::unknown("h2 protocol error: error reading a body from connection"),
+            Status::cancelled("operation was canceled"),
+        ] {
+            let code = code_of(&status);
+            assert_eq!(code, ErrorCode::NetworkException, "{status:?}");
+            assert!(code.is_retriable());
+        }
+        assert_eq!(
+            code_of(&Status::unknown("boom")),
+            ErrorCode::UnknownServerError
+        );
+        assert_eq!(
+            code_of(&Status::deadline_exceeded("late")),
+            ErrorCode::RequestTimedOut
+        );
+    }
 
     #[test]
     fn codes_survive_the_status() {

@@ -29,6 +29,11 @@ use crate::types::BrokerId;
 const METADATA_POLL_WAIT: Duration = Duration::from_secs(5);
 /// Pause after a failed metadata fetch.
 const METADATA_RETRY: Duration = Duration::from_millis(300);
+/// How long to wait for a previous holder of this broker id when the controllers do not
+/// say (they normally send their session timeout minus the holder's silence).
+const DUPLICATE_WAIT_DEFAULT: Duration = Duration::from_secs(10);
+/// Margin over the controllers' estimate before a duplicate broker id is an error.
+const DUPLICATE_WAIT_SLACK: Duration = Duration::from_secs(2);
 /// Pause after a failed producer-id reservation.
 const PRODUCER_IDS_RETRY: Duration = Duration::from_secs(1);
 /// Shortest time one heartbeat may take before it counts as unanswered.
@@ -101,8 +106,11 @@ impl ControllerLink {
         self.fenced.load(Ordering::SeqCst)
     }
 
-    /// Registers, retrying until `deadline` (a previous process's session may still run).
+    /// Registers, retrying until `deadline`. When another process holds this broker id,
+    /// waits only as long as the controllers say its session can last (a crashed
+    /// predecessor's session expires by then); a live holder is an error.
     pub async fn register(&self, deadline: Instant) -> Result<(), ClientError> {
+        let mut duplicate_until: Option<Instant> = None;
         loop {
             let request = RegisterBrokerRequest {
                 broker_id: self.identity.id.0,
@@ -116,11 +124,22 @@ impl ControllerLink {
                     tracing::info!(broker_id = %self.identity.id, epoch = r.broker_epoch, cluster_id = %r.cluster_id, "registered with the controllers");
                     return Ok(());
                 }
-                Err(e)
-                    if e.code == ErrorCode::DuplicateBrokerRegistration
-                        && Instant::now() < deadline =>
-                {
-                    tracing::info!(error = %e.message, "waiting for the previous process's session to expire");
+                Err(e) if e.code == ErrorCode::DuplicateBrokerRegistration => {
+                    let now = Instant::now();
+                    let until = *duplicate_until.get_or_insert_with(|| {
+                        let wait = e.retry_after.unwrap_or(DUPLICATE_WAIT_DEFAULT);
+                        tracing::info!(error = %e.message, wait_ms = wait.as_millis() as u64, "another process holds this broker id; waiting for its session to expire");
+                        now + wait + DUPLICATE_WAIT_SLACK
+                    });
+                    if now >= until.min(deadline) {
+                        return Err(ClientError::new(
+                            e.code,
+                            format!(
+                                "broker id {} is in use by another live process: {} (stop it, or give this broker another --broker-id)",
+                                self.identity.id, e.message
+                            ),
+                        ));
+                    }
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
                 Err(e) if e.is_retriable() && Instant::now() < deadline => {

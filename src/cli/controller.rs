@@ -39,6 +39,7 @@ impl ControllerArgs {
                     self.data_dir.as_ref().map(|d| d.display().to_string()),
                 ),
             ],
+            &config::known_settings(),
         )
         .map_err(|e| CliError::new("INVALID_CONFIG", e.0))?;
         if config.peers.is_empty() {

@@ -133,6 +133,8 @@ async fn produce(
     output: OutputFormat,
 ) -> Result<(), CliError> {
     let producer = Producer::new(bootstrap, config);
+    // A bad topic fails here, with its own code, before anything is measured.
+    producer.partitions_for(topic).await?;
     let value = Bytes::from(
         (0..record_size)
             .map(|i| b'a' + (i % 26) as u8)

@@ -78,6 +78,7 @@ pub fn run(args: &ProduceArgs) -> Result<(), CliError> {
     let output = args.client.output;
     block_on(async move {
         let producer = Producer::new(bootstrap, config);
+        producer.partitions_for(&args.topic).await?;
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<String, std::io::Error>>(1024);
         std::thread::spawn(move || {
             for line in std::io::stdin().lock().lines() {

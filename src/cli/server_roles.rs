@@ -47,7 +47,8 @@ fn load<T: serde::Serialize + serde::de::DeserializeOwned + Default>(
     file: Option<&std::path::Path>,
     flags: &[(&str, Option<String>)],
 ) -> Result<T, CliError> {
-    config::load(file, flags).map_err(|e| CliError::new("INVALID_CONFIG", e.0))
+    config::load(file, flags, &config::known_settings())
+        .map_err(|e| CliError::new("INVALID_CONFIG", e.0))
 }
 
 /// Runs the broker role until SIGTERM or Ctrl-C.
@@ -74,11 +75,9 @@ pub fn run_broker(args: &BrokerArgs) -> Result<(), CliError> {
 
 /// Runs controller and broker in one process until SIGTERM or Ctrl-C.
 pub fn run_standalone(args: &StandaloneArgs) -> Result<(), CliError> {
+    // No defaults here: they live in the defaults layer, under the file and variables.
     let flags = [
-        (
-            "listen",
-            args.listen.clone().or(Some("127.0.0.1:9292".to_owned())),
-        ),
+        ("listen", args.listen.clone()),
         (
             "data_dir",
             args.data_dir.as_ref().map(|d| d.display().to_string()),

@@ -1,17 +1,24 @@
 //! Connections to a cluster from a bootstrap list, and the retry loop every client call
 //! shares: a retriable failure moves to the leader hint the server gave, or to the next
 //! bootstrap address, with a capped exponential backoff, until the call's deadline.
+//!
+//! The bootstrap list may name controllers: they serve Admin but not the data or group
+//! services. When an address answers that it does not serve a call (`Unimplemented`),
+//! the connection asks it for the cluster's live brokers (DescribeCluster) once per call
+//! and tries those first from then on.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use tonic::transport::{Channel, Endpoint};
-use tonic::{Response, Status};
+use tonic::{Code, Response, Status};
 
 use super::error::ClientError;
-use crate::api::status::{code_of, leader_hint_of};
+use crate::api::proto::admin_client::AdminClient as AdminGrpc;
+use crate::api::proto::DescribeClusterRequest;
+use crate::api::status::{code_of, leader_hint_of, retry_after_of, ERROR_CODE_KEY};
 use crate::error_code::ErrorCode;
 
 /// First retry backoff; doubled per attempt up to [`BACKOFF_MAX`].
@@ -25,6 +32,10 @@ pub struct Connection {
     channels: Mutex<HashMap<String, Channel>>,
     /// The address that answered last (or the last leader hint): tried first.
     preferred: Mutex<Option<String>>,
+    /// Brokers learned through a controller in the bootstrap list: tried next.
+    discovered: Mutex<Vec<String>>,
+    /// Addresses that said they serve no data services (controllers): tried last.
+    not_brokers: Mutex<HashSet<String>>,
     /// Deadline of one call, retries included.
     timeout: Duration,
 }
@@ -58,6 +69,8 @@ impl Connection {
             bootstrap,
             channels: Mutex::new(HashMap::new()),
             preferred: Mutex::new(None),
+            discovered: Mutex::new(Vec::new()),
+            not_brokers: Mutex::new(HashSet::new()),
             timeout,
         }
     }
@@ -88,16 +101,42 @@ impl Connection {
     }
 
     fn order(&self) -> Vec<String> {
+        let not_brokers = self.not_brokers.lock().clone();
         let mut order = Vec::with_capacity(self.bootstrap.len() + 1);
-        if let Some(p) = self.preferred.lock().clone() {
-            order.push(p);
+        let preferred = self.preferred.lock().clone();
+        let discovered = self.discovered.lock().clone();
+        let candidates = preferred.iter().chain(&discovered).chain(&self.bootstrap);
+        for a in candidates.clone().filter(|a| !not_brokers.contains(*a)) {
+            if !order.contains(a) {
+                order.push(a.clone());
+            }
         }
-        for a in &self.bootstrap {
+        for a in candidates {
             if !order.contains(a) {
                 order.push(a.clone());
             }
         }
         order
+    }
+
+    /// Asks `address` (a controller) for the live brokers' addresses.
+    async fn discover_brokers(&self, address: &str, within: Duration) -> Vec<String> {
+        let Ok(channel) = self.channel(address) else {
+            return Vec::new();
+        };
+        let mut admin = AdminGrpc::new(channel);
+        let call = admin.describe_cluster(DescribeClusterRequest {});
+        match tokio::time::timeout(within, call).await {
+            Ok(Ok(r)) => r
+                .into_inner()
+                .brokers
+                .into_iter()
+                .filter_map(|b| b.broker)
+                .filter(|b| b.state == "unfenced")
+                .map(|b| b.address)
+                .collect(),
+            _ => Vec::new(),
+        }
     }
 
     /// Runs `call` against the cluster, retrying retriable failures until the deadline.
@@ -125,6 +164,7 @@ impl Connection {
         let mut backoff = BACKOFF_MIN;
         let mut order = self.order();
         let mut next = 0usize;
+        let mut discovery_tried = false;
         loop {
             let address = order[next % order.len()].clone();
             let remaining = deadline.saturating_duration_since(Instant::now());
@@ -138,7 +178,11 @@ impl Connection {
                 .map_err(|status| (code_of(&status), status))
                 .map_err(|(code, status)| {
                     let hint = leader_hint_of(&status);
-                    (ClientError::new(code, describe(&address, &status)), hint)
+                    let unserved = status.code() == Code::Unimplemented
+                        && !status.metadata().contains_key(ERROR_CODE_KEY);
+                    let mut e = ClientError::new(code, describe(&address, &status));
+                    e.retry_after = retry_after_of(&status);
+                    (e, hint, unserved)
                 })
             }
             .await;
@@ -147,8 +191,30 @@ impl Connection {
                     *self.preferred.lock() = Some(address);
                     return Ok(value);
                 }
-                Err((e, _)) if !retry(e.code) => return Err(e),
-                Err((e, hint)) => {
+                Err((e, _, true)) => {
+                    // A controller: find the brokers through it, once per call.
+                    self.not_brokers.lock().insert(address.clone());
+                    let brokers = if discovery_tried {
+                        Vec::new()
+                    } else {
+                        discovery_tried = true;
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        self.discover_brokers(&address, left).await
+                    };
+                    if brokers.is_empty() {
+                        return Err(ClientError::new(
+                            e.code,
+                            format!("{what}: {address} does not serve it (a controller?) and no live broker could be found through it; name a broker in --bootstrap ({})", e.message),
+                        ));
+                    }
+                    tracing::debug!(%address, ?brokers, "{what}: found brokers through a controller");
+                    *self.discovered.lock() = brokers;
+                    order = self.order();
+                    next = 0;
+                    continue;
+                }
+                Err((e, _, false)) if !retry(e.code) => return Err(e),
+                Err((e, hint, false)) => {
                     tracing::debug!(%address, error = %e, "{what}: retrying");
                     match hint {
                         Some(h) => {

@@ -79,6 +79,18 @@ impl Consumer {
         partition: u32,
         start: StartAt,
     ) -> Result<(), ClientError> {
+        // An unknown topic or a partition past the topic's count is answered at once
+        // (from fresh metadata), not retried until a timeout.
+        let count = self.cluster.refresh(topic).await?.leaders.len() as u32;
+        if partition >= count {
+            return Err(ClientError::new(
+                ErrorCode::UnknownTopicOrPartition,
+                format!(
+                    "topic '{topic}' has {count} partition{}; there is no partition {partition}",
+                    if count == 1 { "" } else { "s" }
+                ),
+            ));
+        }
         let offset = match start {
             StartAt::Offset(o) => o,
             StartAt::Earliest => self.list_offset(topic, partition, -2).await?,

@@ -10,6 +10,8 @@ pub struct ClientError {
     pub code: ErrorCode,
     /// What and why.
     pub message: String,
+    /// When the server said a retry is pointless sooner than this.
+    pub retry_after: Option<std::time::Duration>,
 }
 
 impl ClientError {
@@ -18,6 +20,7 @@ impl ClientError {
         Self {
             code,
             message: message.into(),
+            retry_after: None,
         }
     }
 
@@ -41,9 +44,11 @@ impl ClientError {
 impl From<tonic::Status> for ClientError {
     /// A failed call: the code the status carries (or one derived from its gRPC code).
     fn from(status: tonic::Status) -> Self {
-        ClientError::new(
+        let mut e = ClientError::new(
             crate::api::status::code_of(&status),
             status.message().to_owned(),
-        )
+        );
+        e.retry_after = crate::api::status::retry_after_of(&status);
+        e
     }
 }

@@ -153,6 +153,7 @@ struct Identity {
 pub struct Producer {
     tx: mpsc::Sender<Command>,
     task: tokio::task::JoinHandle<()>,
+    shared: Arc<Shared>,
 }
 
 struct Shared {
@@ -217,8 +218,22 @@ impl Producer {
             config,
         });
         let (tx, rx) = mpsc::channel(4096);
-        let task = tokio::spawn(accumulate(shared, rx));
-        Self { tx, task }
+        let task = tokio::spawn(accumulate(shared.clone(), rx));
+        Self { tx, task, shared }
+    }
+
+    /// The partition count of `topic` (like Kafka's `partitionsFor`): fails at once with
+    /// UNKNOWN_TOPIC_OR_PARTITION when the cluster does not know the topic (after one
+    /// short wait for a topic created a moment ago), so a caller can refuse a bad topic
+    /// before sending anything.
+    pub async fn partitions_for(&self, topic: &str) -> Result<u32, ClientError> {
+        let probe = ProducerRecord {
+            topic: topic.to_owned(),
+            partition: Some(0),
+            ..Default::default()
+        };
+        resolve_partition(&self.shared, &probe).await?;
+        Ok(self.shared.cluster.route(topic).await?.leaders.len() as u32)
     }
 
     /// Async send: queues a record; the future resolves when it is acknowledged (or
@@ -521,7 +536,7 @@ async fn send_batch(
             let leader = shared.cluster.leader(topic, partition).await?;
             let channel = shared.cluster.connection().channel(&leader)?;
             let request = ProduceRequest {
-                acks,
+                acks: Some(acks),
                 timeout_ms: shared.config.request_timeout.as_millis() as u32,
                 topics: vec![TopicProduceData {
                     topic: topic.to_owned(),

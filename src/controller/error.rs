@@ -12,6 +12,9 @@ pub struct MetadataError {
     pub code: ErrorCode,
     /// Which field, which limit, which value.
     pub message: String,
+    /// When retrying sooner is pointless: after this long the answer may change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
 }
 
 impl MetadataError {
@@ -20,7 +23,14 @@ impl MetadataError {
         Self {
             code,
             message: message.into(),
+            retry_after_ms: None,
         }
+    }
+
+    /// The same error, telling the caller when a retry may succeed.
+    pub fn with_retry_after(mut self, after: std::time::Duration) -> Self {
+        self.retry_after_ms = Some(u64::try_from(after.as_millis()).unwrap_or(u64::MAX));
+        self
     }
 }
 

@@ -667,16 +667,20 @@ impl ControllerNode {
                 && heard
                 && age.is_some_and(|a| a < self.session_timeout)
             {
-                return Err(ControllerError::rejected(
+                let age = age.unwrap_or_default();
+                return Err(MetadataError::new(
                     ErrorCode::DuplicateBrokerRegistration,
                     format!(
-                        "broker {id} is held by a live process (incarnation {}, heard from {} ms ago); \
-                         retry once its session of {} ms expires",
+                        "broker {id} is held by a live process at {} (incarnation {}, heard from {} ms ago); \
+                         its session of {} ms must expire first",
+                        b.address,
                         b.incarnation_id,
-                        age.unwrap_or_default().as_millis(),
+                        age.as_millis(),
                         self.session_timeout.as_millis()
                     ),
-                ));
+                )
+                .with_retry_after(self.session_timeout.saturating_sub(age))
+                .into());
             }
         }
         let cmd = MetadataCommand::RegisterBroker {

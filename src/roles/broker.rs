@@ -16,7 +16,6 @@ use crate::api::proto::admin_server::AdminServer;
 use crate::api::proto::broker_server::BrokerServer;
 use crate::api::proto::groups_server::GroupsServer;
 use crate::api::proto::replication_server::ReplicationServer;
-use crate::api::proto::FILE_DESCRIPTOR_SET;
 use crate::api::replication_service::ReplicationService;
 use crate::broker::controller_link::{BrokerIdentity, ControllerLink};
 use crate::broker::group::{GroupCoordinator, GroupSettings};
@@ -285,7 +284,7 @@ pub async fn run(config: BrokerConfig) -> Result<(), RoleError> {
     let (broker, admin, replication, groups) = runtime.services(None);
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<BrokerServer<BrokerService>>().await;
-    let reflection = reflection_service()?;
+    let (reflection, reflection_alpha) = super::reflection(super::BROKER_SERVICES)?;
     let server = tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(broker)
@@ -294,6 +293,7 @@ pub async fn run(config: BrokerConfig) -> Result<(), RoleError> {
             .add_service(groups)
             .add_service(health_service)
             .add_service(reflection)
+            .add_service(reflection_alpha)
             .serve_with_incoming_shutdown(
                 incoming(listener),
                 server_cancel.clone().cancelled_owned(),
@@ -308,17 +308,4 @@ pub async fn run(config: BrokerConfig) -> Result<(), RoleError> {
         .await;
     tracing::info!("broker stopped");
     result
-}
-
-/// The gRPC reflection service over every proto file.
-pub fn reflection_service() -> Result<
-    tonic_reflection::server::v1::ServerReflectionServer<
-        impl tonic_reflection::server::v1::ServerReflection,
-    >,
-    RoleError,
-> {
-    tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| RoleError::Register(format!("reflection service: {e}")))
 }

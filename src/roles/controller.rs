@@ -60,7 +60,7 @@ pub async fn serve(
     health
         .set_serving::<AdminServer<ControllerAdminService>>()
         .await;
-    let reflection = super::broker::reflection_service()?;
+    let (reflection, reflection_alpha) = super::reflection(super::CONTROLLER_SERVICES)?;
     tonic::transport::Server::builder()
         .add_service(
             RaftServer::new(RaftService::new(node.clone()))
@@ -74,6 +74,7 @@ pub async fn serve(
         .add_service(AdminServer::new(ControllerAdminService::new(node, peers)))
         .add_service(health_service)
         .add_service(reflection)
+        .add_service(reflection_alpha)
         .serve_with_incoming_shutdown(incoming(listener), cancel.cancelled_owned())
         .await?;
     Ok(())

@@ -11,6 +11,54 @@ pub mod standalone;
 
 use std::net::SocketAddr;
 
+use tonic_reflection::server::{v1, v1alpha};
+
+/// Public services a broker (and `standalone`) lists through reflection.
+pub const BROKER_SERVICES: &[&str] = &[
+    "tidelog.v1.Broker",
+    "tidelog.v1.Admin",
+    "tidelog.v1.Groups",
+    "grpc.health.v1.Health",
+];
+/// Public services a controller lists through reflection.
+pub const CONTROLLER_SERVICES: &[&str] = &["tidelog.v1.Admin", "grpc.health.v1.Health"];
+
+/// gRPC reflection, v1 and v1alpha (grpcurl before 1.8.8 and Python's grpcio-reflection
+/// speak only v1alpha), listing `public` services and the reflection service itself;
+/// internal services (Raft, broker lifecycle, replication) are not listed.
+#[allow(clippy::type_complexity)]
+pub fn reflection(
+    public: &[&str],
+) -> Result<
+    (
+        v1::ServerReflectionServer<impl v1::ServerReflection>,
+        v1alpha::ServerReflectionServer<impl v1alpha::ServerReflection>,
+    ),
+    RoleError,
+> {
+    let builder = |reflection_name: &str| {
+        let mut b = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(crate::api::proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .with_service_name(reflection_name);
+        for name in public {
+            b = b.with_service_name(*name);
+        }
+        b
+    };
+    let error = |e: tonic_reflection::server::Error| {
+        RoleError::Register(format!("reflection service: {e}"))
+    };
+    Ok((
+        builder("grpc.reflection.v1.ServerReflection")
+            .build_v1()
+            .map_err(error)?,
+        builder("grpc.reflection.v1alpha.ServerReflection")
+            .build_v1alpha()
+            .map_err(error)?,
+    ))
+}
+
 /// Why a role stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum RoleError {

@@ -6,7 +6,7 @@
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::broker::{reflection_service, BrokerRuntime};
+use super::broker::BrokerRuntime;
 use super::{announce_ready, bind, incoming, shutdown_signal, RoleError};
 use crate::api::admin_service::ControllerAdminService;
 use crate::api::broker_service::BrokerService;
@@ -50,6 +50,7 @@ pub async fn run(
     );
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<BrokerServer<BrokerService>>().await;
+    let (reflection, reflection_alpha) = super::reflection(super::BROKER_SERVICES)?;
     let server = tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(RaftServer::new(RaftService::new(node.clone())))
@@ -62,7 +63,8 @@ pub async fn run(
             .add_service(replication_service)
             .add_service(groups_service)
             .add_service(health_service)
-            .add_service(reflection_service()?)
+            .add_service(reflection)
+            .add_service(reflection_alpha)
             .serve_with_incoming_shutdown(
                 incoming(listener),
                 server_cancel.clone().cancelled_owned(),
