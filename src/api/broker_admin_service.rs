@@ -30,7 +30,7 @@ const PRODUCER_ID_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// Where a broker's admin calls go.
 pub enum AdminBackend {
     /// To the controllers over gRPC.
-    Remote(AdminClient),
+    Remote(Box<AdminClient>),
     /// To the controller in this process (`standalone`).
     Local(Box<ControllerAdminService>),
 }

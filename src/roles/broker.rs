@@ -144,10 +144,10 @@ impl BrokerRuntime {
             .max_encoding_message_size(self.config.fetch_max_bytes + 1024 * 1024);
         let backend = match local {
             Some(service) => AdminBackend::Local(Box::new(service)),
-            None => AdminBackend::Remote(AdminClient::new(
+            None => AdminBackend::Remote(Box::new(AdminClient::new(
                 self.controllers.clone(),
                 Duration::from_secs(30),
-            )),
+            ))),
         };
         let admin = AdminServer::new(BrokerAdminService::new(backend, self.node.clone()));
         let replication = ReplicationServer::new(ReplicationService::new(self.node.clone()))
