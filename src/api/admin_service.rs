@@ -199,7 +199,7 @@ impl Admin for ControllerAdminService {
     ) -> Result<Response<DescribeTopicsResponse>, Status> {
         forward_to_leader!(self, request, describe_topics);
         self.read_barrier_if_leader().await?;
-        let names = request.into_inner().names;
+        let names = request.into_inner().topics;
         let response = self.node.store().read(|image, version| {
             let topics: Result<Vec<_>, Status> = if names.is_empty() {
                 Ok(image.topics.values().collect())

@@ -196,9 +196,9 @@ impl Admin for BrokerAdminService {
     ) -> Result<Response<DescribeTopicsResponse>, Status> {
         let r = request.into_inner();
         let mut response = if self.controllers_down() {
-            self.describe_topics_cached(&r.names)?
+            self.describe_topics_cached(&r.topics)?
         } else {
-            via_backend!(self, describe_topics, r.clone(), c => c.describe_topics(r.names.clone()))
+            via_backend!(self, describe_topics, r.clone(), c => c.describe_topics(r.topics.clone()))
         };
         for d in &mut response.topics {
             let Some(t) = &d.topic else { continue };

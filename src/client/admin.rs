@@ -90,7 +90,7 @@ impl AdminClient {
         &self,
         names: Vec<String>,
     ) -> Result<DescribeTopicsResponse, ClientError> {
-        let request = DescribeTopicsRequest { names };
+        let request = DescribeTopicsRequest { topics: names };
         self.connection
             .call_retrying("describe topics", retriable, |c| {
                 let r = request.clone();
