@@ -17,17 +17,20 @@
 
 mod checkpoint;
 mod clock;
+pub mod damage;
 mod epoch_cache;
 mod group_commit;
 mod loader;
 mod log;
 pub mod producer_state;
+pub mod repair;
 mod retention;
 mod validate;
 
 use std::path::PathBuf;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use damage::{DamageKind, DamageReport, DamagedRange};
 pub use epoch_cache::{EpochEntry, LeaderEpochCache};
 pub use log::{AppendInfo, FetchData, Isolation, PartitionLog, RetentionOutcome};
 pub use retention::{segments_to_delete, SegmentSummary};
@@ -81,6 +84,12 @@ pub enum LogError {
         /// What is wrong.
         reason: String,
     },
+    /// Opening found damaged data it must not cut off (corruption in the middle of the
+    /// log, in a sealed segment, or below the recovery point). Nothing was changed on
+    /// disk; the report says which files, positions and offsets. The partition stays
+    /// offline until `tidelog repair` (or a replica) fixes it.
+    #[error("partition data is damaged: {0}")]
+    Damaged(Box<damage::DamageReport>),
     /// An earlier fatal error took the partition offline.
     #[error("partition {partition} is offline after a fatal error: {reason}")]
     Offline {

@@ -48,9 +48,10 @@ impl ReplicaError {
                 ErrorCode::OutOfOrderSequenceNumber
             }
             LogError::Sequence(_) => ErrorCode::InvalidProducerEpoch,
-            LogError::Offline { .. } | LogError::DirectoryLocked { .. } | LogError::Io { .. } => {
-                ErrorCode::KafkaStorageError
-            }
+            LogError::Offline { .. }
+            | LogError::Damaged(_)
+            | LogError::DirectoryLocked { .. }
+            | LogError::Io { .. } => ErrorCode::KafkaStorageError,
         };
         Self::new(code, format!("{partition}: {e}"))
     }
