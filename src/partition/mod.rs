@@ -62,6 +62,22 @@ pub enum LogError {
         /// The limit.
         limit: usize,
     },
+    /// A compressed batch decompresses to more than `max.message.bytes`: the streaming
+    /// check stopped once the output passed the limit (a decompression bomb, or a batch
+    /// the producer should have split). Nothing was written.
+    #[error(
+        "record batch of {compressed_size} bytes ({codec}) decompresses to more than max.message.bytes={limit}: decoding stopped at {reached} bytes"
+    )]
+    UncompressedTooLarge {
+        /// Codec of the batch.
+        codec: &'static str,
+        /// Size of the batch as sent.
+        compressed_size: usize,
+        /// The limit on its decompressed records block.
+        limit: usize,
+        /// Decompressed bytes when decoding stopped (above `limit`).
+        reached: usize,
+    },
     /// Bytes from a client or leader are not valid batches; nothing was written.
     #[error("invalid record batch: {reason}")]
     InvalidRecord {

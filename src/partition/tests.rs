@@ -224,6 +224,61 @@ fn oversized_and_invalid_batches_write_nothing() {
 }
 
 #[test]
+fn compressed_batches_are_held_to_max_message_bytes_after_decompression() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = TopicConfig {
+        max_message_bytes: 1 << 20,
+        ..TopicConfig::default()
+    };
+    let log = open(dir.path(), config);
+    for codec in [
+        Compression::Gzip,
+        Compression::Snappy,
+        Compression::Lz4,
+        Compression::Zstd,
+    ] {
+        let value = vec![0u8; 8 << 20];
+        let mut b = BatchBuilder::new(codec);
+        b.push(RecordRef {
+            timestamp: T0,
+            key: None,
+            value: Some(&value),
+            headers: &[],
+        });
+        let mut bomb = b.build(0).unwrap();
+        // Small enough to pass the check on the batch as sent.
+        assert!(bomb.len() < 1 << 20, "{codec}: {}", bomb.len());
+        match log.append_as_leader(&mut bomb, LeaderEpoch(0)) {
+            Err(LogError::UncompressedTooLarge {
+                codec: name,
+                compressed_size,
+                limit,
+                reached,
+            }) => {
+                assert_eq!(
+                    (name, compressed_size, limit),
+                    (codec.name(), bomb.len(), 1 << 20)
+                );
+                assert!(reached > limit && reached < 2 << 20, "{codec}: {reached}");
+            }
+            other => panic!("{codec}: expected UncompressedTooLarge, got {other:?}"),
+        }
+        // Just under the limit is accepted.
+        let value = vec![0u8; 1000 << 10];
+        let mut b = BatchBuilder::new(codec);
+        b.push(RecordRef {
+            timestamp: T0,
+            key: None,
+            value: Some(&value),
+            headers: &[],
+        });
+        log.append_as_leader(&mut b.build(0).unwrap(), LeaderEpoch(0))
+            .unwrap();
+    }
+    assert_eq!(log.log_end_offset(), Offset(4));
+}
+
+#[test]
 fn follower_appends_keep_offsets_and_epochs() {
     let dir = tempfile::tempdir().unwrap();
     let leader_dir = tempfile::tempdir().unwrap();
