@@ -10,10 +10,17 @@
 //! Offsets: `log_start_offset <= high_watermark <= log_end_offset`. Consumers read below
 //! the high watermark, followers up to the log end.
 //!
-//! Failure: an I/O error while writing or flushing takes the partition offline (every
-//! later call fails with [`LogError::Offline`]); it is never retried, because the state of
-//! the file is no longer known. Corrupt bytes are cut off by recovery, or reported by
-//! reads as [`LogError::Corrupt`], never returned.
+//! Failure: an I/O error while writing, flushing or in any step of a mutation (roll,
+//! truncation, retention, log-start moves) takes the partition offline (every later call
+//! fails with [`LogError::Offline`], see [`PartitionLog::offline_reason`]); it is never
+//! retried, because the state of the files is no longer known. Mutations order their
+//! steps so a failure never leaves the segment map empty or half-swapped.
+//!
+//! Damaged bytes are never served. Recovery cuts only a torn write at the end of the log;
+//! any other damage makes [`PartitionLog::open`] fail with [`LogError::Damaged`] (which
+//! files, byte ranges, offsets), keeping every byte, until `tidelog repair`
+//! ([`repair`]) drops exactly the damaged ranges. Reads that meet a corrupt batch answer
+//! [`LogError::Corrupt`] and record it ([`PartitionLog::damage_seen`]).
 
 mod checkpoint;
 mod clock;
