@@ -52,7 +52,7 @@ error_codes! {
     NotLeaderOrFollower = "NOT_LEADER_OR_FOLLOWER", true, "This broker does not lead the partition; refresh metadata and retry at the leader.";
     NotEnoughReplicas = "NOT_ENOUGH_REPLICAS", true, "Fewer in-sync replicas than min.insync.replicas; nothing was written.";
     OffsetOutOfRange = "OFFSET_OUT_OF_RANGE", false, "The offset is outside [log start, log end].";
-    RecordTooLarge = "RECORD_TOO_LARGE", false, "A record or batch exceeds max.message.bytes.";
+    RecordTooLarge = "RECORD_TOO_LARGE", false, "A batch exceeds max.message.bytes, as sent or after decompression.";
     InvalidTopic = "INVALID_TOPIC", false, "The topic name is not [a-zA-Z0-9._-]{1,249} or is reserved.";
     TopicAlreadyExists = "TOPIC_ALREADY_EXISTS", false, "A topic with this name exists.";
     RequestTimedOut = "REQUEST_TIMED_OUT", true, "The request did not complete within its timeout; it may or may not have taken effect.";

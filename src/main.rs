@@ -35,6 +35,8 @@ enum Command {
     Cluster(cli::cluster::ClusterArgs),
     /// Decode segment files (.log, .index, .timeindex), like kafka-dump-log.sh.
     DumpLog(cli::dump_log::DumpLogArgs),
+    /// Offline repair of a damaged partition: shows what it would drop; --execute applies.
+    Repair(cli::repair::RepairArgs),
 }
 
 fn main() -> ExitCode {
@@ -58,6 +60,7 @@ fn main() -> ExitCode {
         Command::Perf(a) => cli::perf::run(a),
         Command::Cluster(a) => cli::cluster::run(a),
         Command::DumpLog(a) => cli::dump_log::run(a),
+        Command::Repair(a) => cli::repair::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -33,7 +33,8 @@ pub struct TopicConfig {
     pub retention_ms: i64,
     /// `retention.bytes`: delete oldest segments while the log is larger; -1 unlimited.
     pub retention_bytes: i64,
-    /// `max.message.bytes`: largest batch accepted, in bytes.
+    /// `max.message.bytes`: largest batch accepted, in bytes, both as sent and after
+    /// decompression of its records block (`RECORD_TOO_LARGE` either way).
     pub max_message_bytes: usize,
     /// `flush.messages`: fsync after this many unflushed records (async mode).
     pub flush_messages: u64,

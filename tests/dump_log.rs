@@ -156,3 +156,55 @@ fn unknown_file_kinds_and_missing_files_fail_clearly() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a .log"));
 }
+
+#[test]
+fn damage_in_the_middle_is_skipped_and_every_later_batch_listed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("00000000000000000000.log");
+    let bytes = std::fs::read(vectors().join("basic.log")).unwrap();
+    let clean = json_lines(
+        &dump(&[
+            "--output",
+            "json",
+            vectors().join("basic.log").to_str().unwrap(),
+        ])
+        .stdout,
+    );
+    assert_eq!(clean.len(), 3);
+    let second = clean[1]["position"].as_u64().unwrap() as usize;
+    let third = clean[2]["position"].as_u64().unwrap() as usize;
+    // The second batch's length field is garbage: it cannot even be framed.
+    let mut damaged = bytes.clone();
+    damaged[second + 8..second + 12].copy_from_slice(&0x7fff_fff0i32.to_be_bytes());
+    std::fs::write(&path, &damaged).unwrap();
+    let out = dump(&["--output", "json", "--print-data", path.to_str().unwrap()]);
+    assert!(!out.status.success(), "damage must fail the exit status");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("CORRUPT_MESSAGE"), "{stderr}");
+    assert!(
+        stderr.contains(&format!("skipped bytes {second}..{third}")),
+        "{stderr}"
+    );
+    let lines = json_lines(&out.stdout);
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert_eq!(lines[0], {
+        let mut l = json_lines(
+            &dump(&[
+                "--output",
+                "json",
+                "--print-data",
+                vectors().join("basic.log").to_str().unwrap(),
+            ])
+            .stdout,
+        );
+        l.remove(0)
+    });
+    assert_eq!(lines[1]["position"], second);
+    assert_eq!(lines[1]["skipped_bytes"], third - second);
+    assert_eq!(lines[1]["resume_position"], third);
+    assert_eq!(lines[2]["position"], third);
+    assert_eq!(lines[2]["crc_valid"], true);
+    assert!(lines[2]["records"]
+        .as_array()
+        .is_some_and(|r| !r.is_empty()));
+}

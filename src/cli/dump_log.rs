@@ -1,8 +1,10 @@
 //! `tidelog dump-log FILE...`: decode segment files, like Kafka's `kafka-dump-log.sh`.
 //!
 //! - `.log`: every batch with its header fields and whether its CRC is valid;
-//!   `--print-data` adds the records. A batch that cannot be decoded is reported with its
-//!   position and the scan stops there (the bytes after it cannot be framed).
+//!   `--print-data` adds the records. A batch whose CRC fails but that can be framed is
+//!   printed with `crc_valid: false`. Bytes that cannot be framed as a batch are reported
+//!   with the skipped range, and the dump resynchronizes on the next position where a
+//!   whole batch with a valid CRC starts, so everything readable after damage is listed.
 //! - `.index` / `.timeindex`: every entry, each checked against the segment's `.log`
 //!   when it is beside the index.
 //!
@@ -18,8 +20,8 @@ use serde_json::{json, Map, Value};
 use crate::partition::MAX_UNCOMPRESSED_BATCH_BYTES;
 use crate::record::{BatchHeader, Record, RecordBatch};
 use crate::segment::{
-    read_header_at, BatchScanner, ScannedBatch, INDEX_SUFFIX, LOG_SUFFIX, OFFSET_ENTRY_SIZE,
-    TIME_ENTRY_SIZE, TIME_INDEX_SUFFIX,
+    find_next_valid_batch, read_header_at, BatchScanner, ScanError, ScannedBatch, INDEX_SUFFIX,
+    LOG_SUFFIX, OFFSET_ENTRY_SIZE, TIME_ENTRY_SIZE, TIME_INDEX_SUFFIX,
 };
 
 use super::{CliError, OutputFormat};
@@ -184,17 +186,46 @@ fn dump_log_file(
             }
             Ok(None) => break,
             Err(e) => {
-                let message = format!("{}: {e}", path.display());
+                let position = e.position();
+                // Resynchronize: the next position where a whole batch with a valid CRC
+                // starts. Everything in between is reported as skipped.
+                let resume = match &e {
+                    ScanError::Io { .. } => None,
+                    _ => find_next_valid_batch(&file, position + 1, size, 0, u64::MAX, u64::MAX)
+                        .map_err(|e| CliError::new("IO_ERROR", format!("{}: {e}", path.display())))?
+                        .map(|(p, _)| p),
+                };
+                let skipped_end = resume.unwrap_or(size);
+                let message = format!(
+                    "{}: {e}; skipped bytes {position}..{skipped_end}",
+                    path.display()
+                );
                 if args.output == OutputFormat::Json {
                     write_line(
                         out,
-                        &json!({ "position": e.position(), "error": e.to_string() }).to_string(),
+                        &json!({
+                            "position": position,
+                            "error": e.to_string(),
+                            "skipped_bytes": skipped_end - position,
+                            "resume_position": resume,
+                        })
+                        .to_string(),
                     )?;
                 } else {
-                    write_line(out, &format!("position: {} error: {e}", e.position()))?;
+                    write_line(
+                        out,
+                        &format!(
+                            "position: {position} error: {e} skipped: {position}..{skipped_end} ({} bytes){}",
+                            skipped_end - position,
+                            if resume.is_some() { ", resuming at the next valid batch" } else { "" }
+                        ),
+                    )?;
                 }
                 problems.push(CliError::new("CORRUPT_MESSAGE", message));
-                break;
+                match resume {
+                    Some(next) => scanner = BatchScanner::new(&file, next, size, u64::MAX),
+                    None => break,
+                }
             }
         }
     }

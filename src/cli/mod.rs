@@ -9,6 +9,7 @@ pub mod dump_log;
 pub mod groups;
 pub mod perf;
 pub mod produce;
+pub mod repair;
 pub mod server_roles;
 pub mod topics;
 

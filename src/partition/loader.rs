@@ -7,12 +7,23 @@
 //!    (interrupted segment deletes), and index files whose `.log` is gone.
 //! 3. With a `.clean-shutdown` marker, trust the files: check each index, rebuild any that
 //!    fails, and read each segment's tail. The marker is removed before anything else.
+//!    The tail read checks CRCs; a segment that fails is validated whole as in rule 4.
 //! 4. Without it, recover every segment from the one holding the recovery point (always
-//!    at least the last one): validate every batch, rebuild indexes, cut the log at the
-//!    first torn or corrupt batch and delete every later segment. A leader-epoch
-//!    checkpoint that cannot be read forces recovery of all segments, which rebuilds it.
-//! 5. Segments must be contiguous; a gap or overlap is treated like corruption at that
-//!    segment.
+//!    at least the last one): validate every batch and rebuild indexes. Damage does not
+//!    stop the scan: it resynchronizes on the next valid batch and records the range.
+//!    A leader-epoch checkpoint that cannot be read forces recovery of all segments,
+//!    which rebuilds it.
+//! 5. Each damaged range is classified by [`damage::classify`]: a garbage suffix of the
+//!    last segment at or above the recovery point, with no valid batch after it, is a
+//!    torn write and is cut (only after every segment was checked). Anything else (damage
+//!    in a sealed segment, below the recovery point, after a clean shutdown, or followed
+//!    by valid batches) is corruption: no byte and no segment is removed, and the open
+//!    fails with [`LogError::Damaged`] listing every range (file, positions, offsets), so
+//!    the broker can report the partition offline and an operator can run
+//!    `tidelog repair`.
+//! 6. Segments must be contiguous, except across gaps `repair` recorded in
+//!    `offset-gaps`; a missing range or an overlap is reported as damage (rule 5),
+//!    never "fixed" by deleting segments.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
@@ -20,13 +31,14 @@ use std::io;
 use std::path::Path;
 
 use crate::segment::{
-    remove_if_exists, segment_file, LogSegment, SegmentConfig, SegmentError, DELETED_SUFFIX,
-    INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX,
+    remove_if_exists, segment_file, LogSegment, SegmentConfig, SegmentDamage, SegmentError,
+    DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX,
 };
 use crate::topic_config::TopicConfig;
 use crate::types::{LeaderEpoch, Offset};
 
 use super::checkpoint;
+use super::damage::{self, DamageFacts, DamageKind, DamageReport, DamagedRange};
 use super::epoch_cache::LeaderEpochCache;
 use super::LogError;
 
@@ -58,6 +70,12 @@ pub fn write_offsets(dir: &Path, offsets: &OffsetsCheckpoint) -> io::Result<()> 
             format!("log_start_offset {}", offsets.log_start_offset),
         ],
     )
+}
+
+/// The offsets checkpoint, or zeros when it is missing or unreadable (for `repair`, which
+/// only lowers the recovery point).
+pub(super) fn read_offsets_lenient(dir: &Path) -> OffsetsCheckpoint {
+    read_offsets(dir).ok().flatten().unwrap_or_default()
 }
 
 fn read_offsets(dir: &Path) -> io::Result<Option<OffsetsCheckpoint>> {
@@ -129,15 +147,6 @@ fn lock_dir(dir: &Path) -> Result<File, LogError> {
         }),
         Err(fs::TryLockError::Error(e)) => Err(LogError::io(&path, e)),
     }
-}
-
-/// Deletes a segment's three files.
-pub fn delete_segment_files(dir: &Path, base_offset: u64) -> Result<(), LogError> {
-    for suffix in [LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX] {
-        let path = segment_file(dir, base_offset, suffix);
-        remove_if_exists(&path).map_err(io_err(&path))?;
-    }
-    Ok(())
 }
 
 /// Removes leftovers and returns the base offsets of the segments present, sorted.
@@ -233,24 +242,49 @@ pub fn load(dir: &Path, config: &TopicConfig) -> Result<Loaded, LogError> {
                 .unwrap_or(bases[0])
                 .min(*bases.last().expect("non-empty"))
         };
+        let gaps = damage::read_gaps(dir).map_err(io_err(dir))?;
+        // After a clean shutdown everything was flushed: no damage is a torn write.
+        let recovery_point = (!clean).then_some(if full_recovery { 0 } else { recovery_point });
         let mut expected_next: Option<u64> = None;
-        let mut cut = false;
+        let mut damaged: Vec<DamagedRange> = Vec::new();
+        let mut torn_tail: Option<(u64, SegmentDamage)> = None;
         for (i, &base) in bases.iter().enumerate() {
-            if cut {
-                tracing::warn!(partition = %name, base_offset = base, "deleting segment after the recovery cut");
-                delete_segment_files(dir, base)?;
-                continue;
-            }
-            if expected_next.is_some_and(|next| next != base) {
-                tracing::warn!(partition = %name, base_offset = base, expected = expected_next, "segment does not continue the previous one; cutting the log here");
-                delete_segment_files(dir, base)?;
-                cut = true;
-                continue;
+            let log_path = segment_file(dir, base, LOG_SUFFIX);
+            match expected_next {
+                Some(next) if next < base && !damage::gap_is_recorded(&gaps, next, base) => {
+                    damaged.push(DamagedRange {
+                        kind: DamageKind::MissingOffsets,
+                        file: log_path.clone(),
+                        segment_base_offset: base,
+                        start_position: 0,
+                        end_position: 0,
+                        first_offset: next,
+                        resume_offset: Some(base),
+                        reason: format!(
+                            "no segment holds offsets {next}..{base}: the previous segment ends at {next}"
+                        ),
+                    });
+                }
+                Some(next) if next > base => {
+                    damaged.push(DamagedRange {
+                        kind: DamageKind::OverlappingSegment,
+                        file: log_path.clone(),
+                        segment_base_offset: base,
+                        start_position: 0,
+                        end_position: 0,
+                        first_offset: base,
+                        resume_offset: Some(next),
+                        reason: format!(
+                            "segment starts at offset {base}, below the end of the previous one ({next})"
+                        ),
+                    });
+                }
+                _ => {}
             }
             let active = i + 1 == bases.len();
             let mut segment = LogSegment::open(dir, base, seg_config, active)?;
             let must_recover = !clean && (base >= recover_from || active);
-            let truncated = if must_recover {
+            let found = if must_recover {
                 recover_segment(&name, &mut segment, &mut epochs)?
             } else {
                 match segment.load() {
@@ -258,17 +292,28 @@ pub fn load(dir: &Path, config: &TopicConfig) -> Result<Loaded, LogError> {
                         if rebuilt {
                             tracing::warn!(partition = %name, base_offset = base, "index failed its check and was rebuilt");
                         }
-                        false
+                        Vec::new()
                     }
                     Err(SegmentError::Corrupt { reason, .. }) => {
-                        tracing::warn!(partition = %name, base_offset = base, %reason, "segment failed to load; recovering it");
+                        tracing::warn!(partition = %name, base_offset = base, %reason, "segment failed to load; validating every batch");
                         recover_segment(&name, &mut segment, &mut epochs)?
                     }
                     Err(e) => return Err(e.into()),
                 }
             };
-            if truncated {
-                cut = true;
+            for d in found {
+                let kind = damage::classify(DamageFacts {
+                    in_last_segment: active,
+                    valid_batch_follows: d.resume_offset.is_some(),
+                    first_offset: d.first_offset,
+                    recovery_point,
+                });
+                if kind == DamageKind::TornTail {
+                    torn_tail = Some((base, d));
+                } else {
+                    tracing::error!(partition = %name, path = %log_path.display(), start_position = d.start_position, end_position = d.end_position, first_offset = d.first_offset, resume_offset = d.resume_offset, reason = %d.reason, "corrupt data in a segment; keeping it and every later segment");
+                    damaged.push(DamagedRange::from_segment(kind, &log_path, base, &d));
+                }
             }
             if !active {
                 // Rebuilt indexes are at full capacity; sealed segments keep them trimmed.
@@ -277,7 +322,37 @@ pub fn load(dir: &Path, config: &TopicConfig) -> Result<Loaded, LogError> {
             expected_next = Some(segment.next_offset());
             segments.insert(base, segment);
         }
-        // The last kept segment may have been opened as sealed: make it active.
+        if !damaged.is_empty() {
+            // Nothing was cut or deleted: report it all and stay closed until repaired.
+            if let Some((base, d)) = &torn_tail {
+                damaged.push(DamagedRange::from_segment(
+                    DamageKind::TornTail,
+                    &segment_file(dir, *base, LOG_SUFFIX),
+                    *base,
+                    d,
+                ));
+            }
+            let report = DamageReport {
+                dir: dir.to_path_buf(),
+                ranges: damaged,
+            };
+            tracing::error!(partition = %name, ranges = report.ranges.len(), %report, "partition not opened: damaged data needs `tidelog repair` or a replica");
+            return Err(LogError::Damaged(Box::new(report)));
+        }
+        if let Some((base, d)) = torn_tail {
+            if let Some(segment) = segments.get_mut(&base) {
+                let cut = segment.truncate_log_at(d.start_position)?;
+                tracing::warn!(
+                    partition = %name,
+                    base_offset = base,
+                    position = d.start_position,
+                    truncated_bytes = cut,
+                    problem = %d.reason,
+                    "recovery cut a torn write off the end of the log"
+                );
+            }
+        }
+        // The last segment may have been opened as sealed: make it active.
         if let Some((_, last)) = segments.iter_mut().next_back() {
             last.unseal()?;
         }
@@ -333,26 +408,27 @@ pub fn load(dir: &Path, config: &TopicConfig) -> Result<Loaded, LogError> {
     })
 }
 
-/// Recovers one segment; returns true when it cut bytes off.
+/// Re-validates one segment and rebuilds its indexes; returns the damage found (nothing
+/// is cut here).
 fn recover_segment(
     name: &str,
     segment: &mut LogSegment,
     epochs: &mut LeaderEpochCache,
-) -> Result<bool, LogError> {
+) -> Result<Vec<SegmentDamage>, LogError> {
     let outcome = segment.recover(|h| {
         epochs.assign(
             LeaderEpoch(h.partition_leader_epoch),
             Offset(h.base_offset as u64),
         );
     })?;
-    if outcome.truncated_bytes > 0 {
+    if !outcome.damage.is_empty() {
         tracing::warn!(
             partition = %name,
             base_offset = segment.base_offset(),
-            truncated_bytes = outcome.truncated_bytes,
-            problem = outcome.problem.as_deref().unwrap_or(""),
-            "recovery cut the log at the first invalid batch"
+            damaged_ranges = outcome.damage.len(),
+            valid_prefix_end = outcome.valid_prefix_end,
+            "recovery found damage"
         );
     }
-    Ok(outcome.truncated_bytes > 0)
+    Ok(outcome.damage)
 }

@@ -16,6 +16,7 @@ use crate::types::{LeaderEpoch, Offset};
 
 use super::checkpoint;
 use super::clock::Clock;
+use super::damage::{DamageKind, DamagedRange};
 use super::epoch_cache::LeaderEpochCache;
 use super::group_commit::GroupCommit;
 use super::loader::{self, segment_config, OffsetsCheckpoint, CLEAN_SHUTDOWN_FILE};
@@ -138,8 +139,29 @@ pub struct PartitionLog {
     generation: AtomicU64,
     /// Whether the last shutdown was clean (recovery was skipped).
     opened_clean: bool,
+    /// Corrupt batches reads met while open (bounded; see [`PartitionLog::damage_seen`]).
+    read_damage: parking_lot::Mutex<Vec<DamagedRange>>,
+    /// Tests only: the mutation step that fails next.
+    #[cfg(test)]
+    fault: parking_lot::Mutex<Option<FaultSite>>,
     _lock: File,
 }
+
+/// Steps of a mutation where tests inject an I/O failure (a no-op outside tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FaultSite {
+    /// Renaming a segment's files to `.deleted`.
+    MarkDeleted,
+    /// Creating a new segment.
+    CreateSegment,
+    /// Truncating the segment that becomes the active one.
+    TruncateSegment,
+    /// Removing `.deleted` files.
+    DeleteFiles,
+}
+
+/// Most corrupt-read reports kept per partition.
+const READ_DAMAGE_MAX: usize = 64;
 
 impl std::fmt::Debug for PartitionLog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -255,6 +277,9 @@ impl PartitionLog {
             group_commit: GroupCommit::new(log_end),
             generation: AtomicU64::new(0),
             opened_clean: loaded.was_clean,
+            read_damage: parking_lot::Mutex::new(Vec::new()),
+            #[cfg(test)]
+            fault: parking_lot::Mutex::new(None),
             _lock: loaded.lock,
         })
     }
@@ -384,6 +409,84 @@ impl PartitionLog {
             tracing::error!(partition = %self.name, %error, "partition going offline after a fatal error");
             state.offline = Some(error.to_string());
         }
+    }
+
+    /// Runs the result of one fallible step of a mutation: any error takes the partition
+    /// offline, because the step may have changed files the in-memory state no longer
+    /// describes.
+    fn step<T>(
+        &self,
+        state: &mut LogState,
+        result: Result<T, impl Into<LogError>>,
+    ) -> Result<T, LogError> {
+        result.map_err(|e| {
+            let error = e.into();
+            self.go_offline(state, &error);
+            error
+        })
+    }
+
+    /// Tests only: makes the next `site` step fail with an I/O error.
+    #[cfg(test)]
+    pub(crate) fn inject_fault(&self, site: FaultSite) {
+        *self.fault.lock() = Some(site);
+    }
+
+    #[cfg(test)]
+    fn fault(&self, site: FaultSite) -> Result<(), LogError> {
+        let mut fault = self.fault.lock();
+        if *fault == Some(site) {
+            *fault = None;
+            return Err(LogError::io(
+                &self.dir,
+                std::io::Error::other(format!("injected fault at {site:?}")),
+            ));
+        }
+        Ok(())
+    }
+
+    #[cfg(not(test))]
+    #[inline(always)]
+    fn fault(&self, _site: FaultSite) -> Result<(), LogError> {
+        Ok(())
+    }
+
+    /// Why the partition is offline, `None` while it is online.
+    pub fn offline_reason(&self) -> Option<String> {
+        self.state.read().offline.clone()
+    }
+
+    /// Corrupt batches that reads met since the partition opened (a clean start trusts
+    /// sealed segments, so damage there shows up only when read). Each is also logged
+    /// once at `error`. The broker reports them like an open-time [`LogError::Damaged`].
+    pub fn damage_seen(&self) -> Vec<DamagedRange> {
+        self.read_damage.lock().clone()
+    }
+
+    fn record_read_damage(&self, file: &Path, position: u64, offset: u64, reason: &str) {
+        let mut seen = self.read_damage.lock();
+        if seen.len() >= READ_DAMAGE_MAX
+            || seen
+                .iter()
+                .any(|d| d.file == file && d.start_position == position)
+        {
+            return;
+        }
+        tracing::error!(partition = %self.name, path = %file.display(), position, offset, %reason, "read met a corrupt batch; run `tidelog repair` on this partition (offline)");
+        seen.push(DamagedRange {
+            kind: DamageKind::Corrupt,
+            file: file.to_path_buf(),
+            segment_base_offset: file
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0),
+            start_position: position,
+            end_position: position,
+            first_offset: offset,
+            resume_offset: None,
+            reason: reason.to_string(),
+        });
     }
 
     /// Writes the epoch cache; a failure is fatal like any failed write.
@@ -781,8 +884,16 @@ impl PartitionLog {
             let Some(segment) = state.segment_for(offset) else {
                 return Ok(Some(data));
             };
-            let Some(location) = segment.find_batch(offset)? else {
-                return Ok(Some(data));
+            let location = match segment.find_batch(offset) {
+                Ok(Some(location)) => location,
+                Ok(None) => return Ok(Some(data)),
+                Err(e) => {
+                    let e = LogError::from(e);
+                    if let LogError::Corrupt { path, reason } = &e {
+                        self.record_read_damage(path, 0, offset, reason);
+                    }
+                    return Err(e);
+                }
             };
             (
                 segment.log_handle(),
@@ -816,10 +927,9 @@ impl PartitionLog {
                     // Serve what is good; the next fetch starting here reports the damage.
                     break;
                 }
-                return Err(LogError::Corrupt {
-                    path,
-                    reason: format!("batch at position {}: {e}", position + keep as u64),
-                });
+                let reason = format!("batch at position {}: {e}", position + keep as u64);
+                self.record_read_damage(&path, position + keep as u64, offset, &reason);
+                return Err(LogError::Corrupt { path, reason });
             }
             keep += h.total_size();
         }
@@ -899,13 +1009,8 @@ impl PartitionLog {
             self.roll_locked(&mut state)?;
         }
         let doomed: Vec<u64> = state.segments.keys().take(count).copied().collect();
-        let mut removed = Vec::with_capacity(doomed.len());
-        for base in doomed {
-            let mut segment = state.segments.remove(&base).expect("key from the map");
-            outcome.deleted_bytes += segment.size();
-            segment.mark_deleted()?;
-            removed.push(segment);
-        }
+        let removed = self.mark_deleted_locked(&mut state, &doomed)?;
+        outcome.deleted_bytes = removed.iter().map(LogSegment::size).sum();
         outcome.deleted_segments = removed.len();
         let new_start = *state
             .segments
@@ -918,11 +1023,10 @@ impl PartitionLog {
         if state.epochs.truncate_from_start(Offset(log_start)) {
             self.persist_epochs_locked(&mut state)?;
         }
-        self.write_checkpoint_locked(&state)?;
+        let r = self.write_checkpoint_locked(&state);
+        self.step(&mut state, r)?;
         drop(state);
-        for segment in removed {
-            segment.delete()?;
-        }
+        self.delete_removed(removed)?;
         tracing::info!(partition = %self.name, deleted_segments = outcome.deleted_segments, deleted_bytes = outcome.deleted_bytes, log_start_offset = outcome.log_start_offset.0, "retention deleted segments");
         Ok(outcome)
     }
@@ -947,22 +1051,16 @@ impl PartitionLog {
             .map(|(&b, _)| b)
             .filter(|&b| Some(&b) != state.segments.keys().next_back())
             .collect();
-        let mut removed = Vec::with_capacity(doomed.len());
-        for base in doomed {
-            let mut segment = state.segments.remove(&base).expect("key from the map");
-            segment.mark_deleted()?;
-            removed.push(segment);
-        }
+        let removed = self.mark_deleted_locked(&mut state, &doomed)?;
         state.log_start_offset = target;
         if state.epochs.truncate_from_start(Offset(target)) {
             self.persist_epochs_locked(&mut state)?;
         }
-        self.write_checkpoint_locked(&state)?;
+        let r = self.write_checkpoint_locked(&state);
+        self.step(&mut state, r)?;
         drop(state);
         let deleted = removed.len();
-        for segment in removed {
-            segment.delete()?;
-        }
+        self.delete_removed(removed)?;
         tracing::debug!(partition = %self.name, log_start_offset = target, deleted_segments = deleted, "log start advanced");
         Ok(Offset(target))
     }
@@ -981,20 +1079,25 @@ impl PartitionLog {
             return self.truncate_fully_and_start_at(offset);
         }
         self.generation.fetch_add(1, Ordering::AcqRel);
+        let first_base = *state
+            .segments
+            .keys()
+            .next()
+            .expect("a log always has a segment");
         let doomed: Vec<u64> = state
             .segments
             .range(offset.0..)
             .map(|(&b, _)| b)
-            .filter(|&b| b > *state.segments.keys().next().expect("non-empty"))
+            .filter(|&b| b > first_base)
             .collect();
-        for base in doomed {
-            let mut segment = state.segments.remove(&base).expect("key from the map");
-            segment.mark_deleted()?;
-            segment.delete()?;
-        }
-        let active = state.active_mut();
-        active.truncate_to(offset.0)?;
-        active.unseal()?;
+        let removed = self.mark_deleted_locked(&mut state, &doomed)?;
+        let r = self.fault(FaultSite::TruncateSegment).and_then(|()| {
+            let active = state.active_mut();
+            active.truncate_to(offset.0)?;
+            active.unseal()?;
+            Ok::<_, LogError>(())
+        });
+        self.step(&mut state, r)?;
         let end = state.log_end_offset();
         state.high_watermark = state.high_watermark.min(end);
         state.producers.truncate_to(end);
@@ -1004,34 +1107,96 @@ impl PartitionLog {
         }
         self.group_commit.truncated_to(end);
         // Persist the lowered recovery point so a crash recovers the new tail.
-        self.write_checkpoint_locked(&state)?;
+        let r = self.write_checkpoint_locked(&state);
+        self.step(&mut state, r)?;
+        drop(state);
+        self.delete_removed(removed)?;
         tracing::info!(partition = %self.name, target = offset.0, log_end_offset = end, "truncated log");
+        Ok(())
+    }
+
+    /// Renames the files of the segments `bases` (never all of them) to `.deleted`, newest
+    /// first, then takes them out of the map and returns them for
+    /// [`PartitionLog::delete_removed`]. A failure part-way takes the partition offline
+    /// with the map unchanged (every segment still readable through its open handle); on
+    /// disk the renamed ones are the newest, so the next open sees a contiguous log.
+    fn mark_deleted_locked(
+        &self,
+        state: &mut LogState,
+        bases: &[u64],
+    ) -> Result<Vec<LogSegment>, LogError> {
+        debug_assert!(bases.len() < state.segments.len(), "the map never empties");
+        for base in bases.iter().rev() {
+            let r = self.fault(FaultSite::MarkDeleted).and_then(|()| {
+                match state.segments.get_mut(base) {
+                    Some(segment) => segment.mark_deleted().map_err(LogError::from),
+                    None => Ok(()),
+                }
+            });
+            self.step(state, r)?;
+        }
+        Ok(bases
+            .iter()
+            .filter_map(|base| state.segments.remove(base))
+            .collect())
+    }
+
+    /// Removes the files of segments taken out of the map (outside the lock); a failure
+    /// takes the partition offline (the `.deleted` files are removed on the next open).
+    fn delete_removed(&self, removed: Vec<LogSegment>) -> Result<(), LogError> {
+        for segment in removed {
+            let r = self
+                .fault(FaultSite::DeleteFiles)
+                .and_then(|()| segment.delete().map_err(LogError::from));
+            if let Err(error) = r {
+                self.go_offline(&mut self.state.write(), &error);
+                return Err(error);
+            }
+        }
         Ok(())
     }
 
     /// Deletes every segment and restarts the log, empty, at `offset` (a follower that fell
     /// behind the leader's log start).
+    ///
+    /// Order, so that no failure leaves the map empty or half-swapped: rename every old
+    /// segment to `.deleted` (newest first), create the new segment, swap the map, then
+    /// persist epochs and offsets, and only then remove the old files. Any failure takes
+    /// the partition offline; until the swap the old segments stay in the map.
     pub fn truncate_fully_and_start_at(&self, offset: Offset) -> Result<(), LogError> {
         let mut state = self.state.write();
         self.check_online(&state)?;
         self.generation.fetch_add(1, Ordering::AcqRel);
-        let old = std::mem::take(&mut state.segments);
-        for (_, mut segment) in old {
-            segment.mark_deleted()?;
-            segment.delete()?;
+        let bases: Vec<u64> = state.segments.keys().copied().collect();
+        for base in bases.iter().rev() {
+            let r = self.fault(FaultSite::MarkDeleted).and_then(|()| {
+                match state.segments.get_mut(base) {
+                    Some(segment) => segment.mark_deleted().map_err(LogError::from),
+                    None => Ok(()),
+                }
+            });
+            self.step(&mut state, r)?;
         }
-        let segment = LogSegment::create(&self.dir, offset.0, segment_config(&state.config))?;
-        state.segments.insert(offset.0, segment);
+        let r = self.fault(FaultSite::CreateSegment).and_then(|()| {
+            LogSegment::create(&self.dir, offset.0, segment_config(&state.config))
+                .map_err(LogError::from)
+        });
+        let segment = self.step(&mut state, r)?;
+        let old = std::mem::replace(&mut state.segments, BTreeMap::from([(offset.0, segment)]));
         state.log_start_offset = offset.0;
         state.high_watermark = offset.0;
         state.active_created_ms = self.clock.now_ms();
         state.epochs.clear();
         state.producers.clear();
         state.producers_dirty = true;
-        self.persist_epochs_locked(&mut state)?;
         self.group_commit.reset(offset.0);
-        self.write_checkpoint_locked(&state)?;
-        checkpoint::sync_dir(&self.dir).map_err(|e| LogError::io(&self.dir, e))?;
+        self.persist_epochs_locked(&mut state)?;
+        let r = self.write_checkpoint_locked(&state);
+        self.step(&mut state, r)?;
+        let r = checkpoint::sync_dir(&self.dir).map_err(|e| LogError::io(&self.dir, e));
+        self.step(&mut state, r)?;
+        drop(state);
+        self.delete_removed(old.into_values().collect())?;
         tracing::info!(partition = %self.name, offset = offset.0, "log restarted empty");
         Ok(())
     }

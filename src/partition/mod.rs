@@ -10,24 +10,34 @@
 //! Offsets: `log_start_offset <= high_watermark <= log_end_offset`. Consumers read below
 //! the high watermark, followers up to the log end.
 //!
-//! Failure: an I/O error while writing or flushing takes the partition offline (every
-//! later call fails with [`LogError::Offline`]); it is never retried, because the state of
-//! the file is no longer known. Corrupt bytes are cut off by recovery, or reported by
-//! reads as [`LogError::Corrupt`], never returned.
+//! Failure: an I/O error while writing, flushing or in any step of a mutation (roll,
+//! truncation, retention, log-start moves) takes the partition offline (every later call
+//! fails with [`LogError::Offline`], see [`PartitionLog::offline_reason`]); it is never
+//! retried, because the state of the files is no longer known. Mutations order their
+//! steps so a failure never leaves the segment map empty or half-swapped.
+//!
+//! Damaged bytes are never served. Recovery cuts only a torn write at the end of the log;
+//! any other damage makes [`PartitionLog::open`] fail with [`LogError::Damaged`] (which
+//! files, byte ranges, offsets), keeping every byte, until `tidelog repair`
+//! ([`repair`]) drops exactly the damaged ranges. Reads that meet a corrupt batch answer
+//! [`LogError::Corrupt`] and record it ([`PartitionLog::damage_seen`]).
 
 mod checkpoint;
 mod clock;
+pub mod damage;
 mod epoch_cache;
 mod group_commit;
 mod loader;
 mod log;
 pub mod producer_state;
+pub mod repair;
 mod retention;
 mod validate;
 
 use std::path::PathBuf;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use damage::{DamageKind, DamageReport, DamagedRange};
 pub use epoch_cache::{EpochEntry, LeaderEpochCache};
 pub use log::{AppendInfo, FetchData, Isolation, PartitionLog, RetentionOutcome};
 pub use retention::{segments_to_delete, SegmentSummary};
@@ -59,6 +69,22 @@ pub enum LogError {
         /// The limit.
         limit: usize,
     },
+    /// A compressed batch decompresses to more than `max.message.bytes`: the streaming
+    /// check stopped once the output passed the limit (a decompression bomb, or a batch
+    /// the producer should have split). Nothing was written.
+    #[error(
+        "record batch of {compressed_size} bytes ({codec}) decompresses to more than max.message.bytes={limit}: decoding stopped at {reached} bytes"
+    )]
+    UncompressedTooLarge {
+        /// Codec of the batch.
+        codec: &'static str,
+        /// Size of the batch as sent.
+        compressed_size: usize,
+        /// The limit on its decompressed records block.
+        limit: usize,
+        /// Decompressed bytes when decoding stopped (above `limit`).
+        reached: usize,
+    },
     /// Bytes from a client or leader are not valid batches; nothing was written.
     #[error("invalid record batch: {reason}")]
     InvalidRecord {
@@ -81,6 +107,12 @@ pub enum LogError {
         /// What is wrong.
         reason: String,
     },
+    /// Opening found damaged data it must not cut off (corruption in the middle of the
+    /// log, in a sealed segment, or below the recovery point). Nothing was changed on
+    /// disk; the report says which files, positions and offsets. The partition stays
+    /// offline until `tidelog repair` (or a replica) fixes it.
+    #[error("partition data is damaged: {0}")]
+    Damaged(Box<damage::DamageReport>),
     /// An earlier fatal error took the partition offline.
     #[error("partition {partition} is offline after a fatal error: {reason}")]
     Offline {

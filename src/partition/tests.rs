@@ -224,6 +224,61 @@ fn oversized_and_invalid_batches_write_nothing() {
 }
 
 #[test]
+fn compressed_batches_are_held_to_max_message_bytes_after_decompression() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = TopicConfig {
+        max_message_bytes: 1 << 20,
+        ..TopicConfig::default()
+    };
+    let log = open(dir.path(), config);
+    for codec in [
+        Compression::Gzip,
+        Compression::Snappy,
+        Compression::Lz4,
+        Compression::Zstd,
+    ] {
+        let value = vec![0u8; 8 << 20];
+        let mut b = BatchBuilder::new(codec);
+        b.push(RecordRef {
+            timestamp: T0,
+            key: None,
+            value: Some(&value),
+            headers: &[],
+        });
+        let mut bomb = b.build(0).unwrap();
+        // Small enough to pass the check on the batch as sent.
+        assert!(bomb.len() < 1 << 20, "{codec}: {}", bomb.len());
+        match log.append_as_leader(&mut bomb, LeaderEpoch(0)) {
+            Err(LogError::UncompressedTooLarge {
+                codec: name,
+                compressed_size,
+                limit,
+                reached,
+            }) => {
+                assert_eq!(
+                    (name, compressed_size, limit),
+                    (codec.name(), bomb.len(), 1 << 20)
+                );
+                assert!(reached > limit && reached < 2 << 20, "{codec}: {reached}");
+            }
+            other => panic!("{codec}: expected UncompressedTooLarge, got {other:?}"),
+        }
+        // Just under the limit is accepted.
+        let value = vec![0u8; 1000 << 10];
+        let mut b = BatchBuilder::new(codec);
+        b.push(RecordRef {
+            timestamp: T0,
+            key: None,
+            value: Some(&value),
+            headers: &[],
+        });
+        log.append_as_leader(&mut b.build(0).unwrap(), LeaderEpoch(0))
+            .unwrap();
+    }
+    assert_eq!(log.log_end_offset(), Offset(4));
+}
+
+#[test]
 fn follower_appends_keep_offsets_and_epochs() {
     let dir = tempfile::tempdir().unwrap();
     let leader_dir = tempfile::tempdir().unwrap();
@@ -625,39 +680,72 @@ fn garbage_after_the_last_batch_is_cut() {
     assert_records(&read_all(&log, 0), &written, "garbage");
 }
 
+/// Start position and size of every batch in a `.log` file.
+fn batch_spans(bytes: &[u8]) -> Vec<(usize, usize)> {
+    let mut at = 0;
+    BatchIter::new(bytes)
+        .map(|b| {
+            let len = b.unwrap().as_bytes().len();
+            at += len;
+            (at - len, len)
+        })
+        .collect()
+}
+
 #[test]
-fn a_length_pointing_past_the_end_is_cut() {
+fn a_length_pointing_past_the_end_of_the_last_batch_is_cut() {
     let config = small_config();
     let dir = tempfile::tempdir().unwrap();
     let written = write_and_crash(dir.path(), &config, 3);
     let active = active_log_file(dir.path());
     let mut bytes = std::fs::read(&active).unwrap();
-    let first_len = BatchIter::new(&bytes)
-        .next()
-        .unwrap()
-        .unwrap()
-        .as_bytes()
-        .len();
-    let second_len = {
-        let mut it = BatchIter::new(&bytes);
-        it.next();
-        it.next().unwrap().unwrap().as_bytes().len()
-    };
-    // The second batch's length now claims a gigabyte.
-    bytes[first_len + 8..first_len + 12].copy_from_slice(&(1i32 << 30).to_be_bytes());
+    let (last_start, _) = batch_spans(&bytes)[2];
+    // The last batch's length now claims a gigabyte: a torn write of its header.
+    bytes[last_start + 8..last_start + 12].copy_from_slice(&(1i32 << 30).to_be_bytes());
     std::fs::write(&active, &bytes).unwrap();
     let log = open(dir.path(), config);
     let per_batch = written.len() / 3;
-    assert_records(&read_all(&log, 0), &written[..per_batch], "length");
-    let _ = second_len;
+    assert_records(&read_all(&log, 0), &written[..2 * per_batch], "length");
+}
+
+#[test]
+fn a_bad_length_followed_by_valid_batches_is_reported_not_cut() {
+    let config = small_config();
+    let dir = tempfile::tempdir().unwrap();
+    let written = write_and_crash(dir.path(), &config, 3);
+    let active = active_log_file(dir.path());
+    let mut bytes = std::fs::read(&active).unwrap();
+    let spans = batch_spans(&bytes);
+    // The second batch's length now claims a gigabyte; the third is intact.
+    bytes[spans[1].0 + 8..spans[1].0 + 12].copy_from_slice(&(1i32 << 30).to_be_bytes());
+    std::fs::write(&active, &bytes).unwrap();
+    let report = match PartitionLog::open(dir.path(), config, Arc::new(SystemClock)) {
+        Err(LogError::Damaged(report)) => report,
+        other => panic!("expected a damage report, got {other:?}"),
+    };
+    let per_batch = (written.len() / 3) as u64;
+    assert_eq!(report.ranges.len(), 1, "{report}");
+    let range = &report.ranges[0];
+    assert_eq!(range.kind, DamageKind::Corrupt);
+    assert_eq!(
+        (range.start_position, range.end_position),
+        (spans[1].0 as u64, spans[2].0 as u64)
+    );
+    assert_eq!(
+        (range.first_offset, range.resume_offset),
+        (per_batch, Some(2 * per_batch))
+    );
+    assert_eq!(std::fs::read(&active).unwrap(), bytes, "nothing was cut");
 }
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
-    /// A flipped byte anywhere in the active segment: recovery keeps exactly the batches
-    /// before the damaged one (or all of them, when the flip hit the leader-epoch field,
-    /// which is outside the CRC by design), and nothing damaged is ever served.
+    /// A flipped byte anywhere in the active segment, then a crash: in the last batch it
+    /// looks like a torn write and recovery cuts exactly that batch; in an earlier batch
+    /// (valid batches follow) the open fails with a damage report naming that batch and
+    /// the file is left as it was. A flip in the leader-epoch field (outside the CRC by
+    /// design) leaves the data intact. Nothing damaged is ever served.
     #[test]
     fn a_flipped_byte_in_the_active_segment_is_never_served(at in any::<prop::sample::Index>(), mask in 1u8..=255) {
         let config = TopicConfig { segment_bytes: 1 << 20, ..small_config() };
@@ -668,20 +756,221 @@ proptest! {
         let i = at.index(bytes.len());
         bytes[i] ^= mask;
         std::fs::write(&active, &bytes).unwrap();
-        let log = open(dir.path(), config);
-        let recovered = read_all(&log, 0);
-        prop_assert!(recovered.len() <= written.len());
-        assert_records(&recovered, &written[..recovered.len()], "flip");
         let batch_len = bytes.len() / 6;
         let damaged_batch = i / batch_len;
         let offset_in_batch = i % batch_len;
-        if (12..16).contains(&offset_in_batch) {
-            // partition_leader_epoch: not covered by the CRC; the data is intact.
-            prop_assert_eq!(recovered.len(), written.len());
-        } else {
-            prop_assert_eq!(recovered.len(), damaged_batch * 3);
+        match PartitionLog::open(dir.path(), config, Arc::new(SystemClock)) {
+            Ok(log) => {
+                let recovered = read_all(&log, 0);
+                assert_records(&recovered, &written[..recovered.len()], "flip");
+                if (12..16).contains(&offset_in_batch) {
+                    // partition_leader_epoch: not covered by the CRC; the data is intact.
+                    prop_assert_eq!(recovered.len(), written.len());
+                } else {
+                    prop_assert_eq!(damaged_batch, 5, "only the last batch may be cut");
+                    prop_assert_eq!(recovered.len(), 15);
+                }
+            }
+            Err(LogError::Damaged(report)) => {
+                prop_assert!(damaged_batch < 5, "{}", report);
+                prop_assert_eq!(report.ranges.len(), 1);
+                let r = &report.ranges[0];
+                prop_assert_eq!(r.start_position, (damaged_batch * batch_len) as u64);
+                prop_assert_eq!(r.end_position, ((damaged_batch + 1) * batch_len) as u64);
+                prop_assert_eq!(r.first_offset, damaged_batch as u64 * 3);
+                prop_assert_eq!(r.resume_offset, Some(damaged_batch as u64 * 3 + 3));
+                prop_assert_eq!(std::fs::read(&active).unwrap(), bytes);
+            }
+            Err(e) => prop_assert!(false, "unexpected error {e}"),
         }
     }
+}
+
+/// Every (offset, value) readable from `from` to the log end, allowing offset gaps.
+fn read_all_with_gaps(log: &PartitionLog, from: u64) -> Vec<(u64, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut next = from;
+    let end = log.log_end_offset().0;
+    while next < end {
+        let data = log.read(Offset(next), 1000, Isolation::LogEnd).unwrap();
+        assert!(!data.records.is_empty(), "no progress at offset {next}");
+        for b in BatchIter::new(&data.records) {
+            for r in b.unwrap().records(1 << 20).unwrap() {
+                if r.offset as u64 >= next {
+                    out.push((r.offset as u64, r.value.unwrap().to_vec()));
+                    next = r.offset as u64 + 1;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Every file of a directory with its bytes, sorted by name.
+fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// What was written, the damaged file, and the damaged batch's (position, size).
+type SealedFlip = (Vec<(u64, Vec<u8>)>, std::path::PathBuf, (usize, usize));
+
+/// A 4-segment log written and then crashed (recovery point 0), with one byte flipped
+/// inside the records of the third batch of the second (sealed) segment. Returns what
+/// was written, the damaged file, and the damaged batch's (position, size).
+fn sealed_segment_flip(dir: &Path, config: &TopicConfig) -> SealedFlip {
+    let log = open(dir, config.clone());
+    for i in 0..40 {
+        log.append_as_leader(&mut batch(&format!("s{i}"), 2, 150, T0 + i), LeaderEpoch(0))
+            .unwrap();
+    }
+    let written = read_all(&log, 0);
+    let bases = log.segment_base_offsets();
+    assert!(bases.len() >= 4, "{bases:?}");
+    drop(log); // unclean: no clean-shutdown marker
+    let damaged = dir.join(format!("{:020}.log", bases[1].0));
+    let mut bytes = std::fs::read(&damaged).unwrap();
+    let span = batch_spans(&bytes)[2];
+    bytes[span.0 + span.1 - 20] ^= 0x10;
+    std::fs::write(&damaged, &bytes).unwrap();
+    (written, damaged, span)
+}
+
+#[test]
+fn a_flipped_byte_in_a_sealed_segment_loses_no_later_segment_after_an_unclean_restart() {
+    let config = small_config();
+    let dir = tempfile::tempdir().unwrap();
+    let (written, damaged, span) = sealed_segment_flip(dir.path(), &config);
+    let before = snapshot(dir.path());
+    let report = match PartitionLog::open(dir.path(), config.clone(), Arc::new(SystemClock)) {
+        Err(LogError::Damaged(report)) => report,
+        Ok(log) => panic!(
+            "opened with log end {} of {}: damage was cut instead of reported",
+            log.log_end_offset().0,
+            written.len()
+        ),
+        Err(e) => panic!("expected a damage report, got {e}"),
+    };
+    assert_eq!(report.ranges.len(), 1, "{report}");
+    let range = &report.ranges[0];
+    assert_eq!(range.kind, DamageKind::Corrupt);
+    assert_eq!(range.file, damaged);
+    assert_eq!(
+        (range.start_position, range.end_position),
+        (span.0 as u64, (span.0 + span.1) as u64)
+    );
+    let damaged_base: u64 = damaged
+        .file_stem()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(range.first_offset, damaged_base + 4);
+    assert_eq!(range.resume_offset, Some(damaged_base + 6));
+    // Every segment file is still there, byte for byte (indexes may be rebuilt).
+    let logs = |files: &[(String, Vec<u8>)]| -> Vec<(String, Vec<u8>)> {
+        files
+            .iter()
+            .filter(|(n, _)| n.ends_with(".log"))
+            .cloned()
+            .collect()
+    };
+    assert_eq!(logs(&snapshot(dir.path())), logs(&before));
+    // And it keeps being reported, not silently accepted, on the next try.
+    assert!(matches!(
+        PartitionLog::open(dir.path(), config, Arc::new(SystemClock)),
+        Err(LogError::Damaged(_))
+    ));
+}
+
+#[test]
+fn repair_dry_run_changes_nothing_and_execute_keeps_every_valid_record() {
+    let config = small_config();
+    let dir = tempfile::tempdir().unwrap();
+    let (written, damaged, span) = sealed_segment_flip(dir.path(), &config);
+    // Recovery indexes the segments first; the dry run must then change nothing at all.
+    let _ = PartitionLog::open(dir.path(), config.clone(), Arc::new(SystemClock));
+    let before = snapshot(dir.path());
+    let plan = repair::plan(dir.path()).unwrap();
+    assert_eq!(plan.drops.len(), 1);
+    let drop_action = plan.drops[0].clone();
+    assert_eq!(drop_action.file, damaged);
+    assert_eq!(drop_action.damage.start_position, span.0 as u64);
+    assert_eq!(drop_action.bytes(), span.1 as u64);
+    assert_eq!(drop_action.offsets(), 2);
+    drop(plan);
+    assert_eq!(snapshot(dir.path()), before, "a dry run changes nothing");
+
+    let plan = repair::plan(dir.path()).unwrap();
+    repair::execute(&plan).unwrap();
+    drop(plan);
+    let log = open(dir.path(), config.clone());
+    let lost = drop_action.damage.first_offset..drop_action.end_offset;
+    let expected: Vec<_> = written
+        .iter()
+        .filter(|(o, _)| !lost.contains(o))
+        .cloned()
+        .collect();
+    assert_eq!(expected.len(), written.len() - 2);
+    assert_records(&read_all_with_gaps(&log, 0), &expected, "after repair");
+    assert_eq!(log.log_end_offset().0, written.len() as u64);
+    // A read inside the dropped range lands on the next record.
+    let data = log.read(Offset(lost.start), 1, Isolation::LogEnd).unwrap();
+    let (b, _) = RecordBatch::parse(&data.records).unwrap();
+    assert_eq!(b.header().base_offset as u64, lost.end);
+    let info = log
+        .append_as_leader(&mut batch("after", 1, 10, T0), LeaderEpoch(1))
+        .unwrap();
+    assert_eq!(info.first_offset.0, written.len() as u64);
+    // The repaired partition survives a crash and a clean restart alike.
+    drop(log);
+    let log = open(dir.path(), config.clone());
+    assert_eq!(read_all_with_gaps(&log, 0).len(), expected.len() + 1);
+    log.close().unwrap();
+    let log = open(dir.path(), config);
+    assert_eq!(read_all_with_gaps(&log, 0).len(), expected.len() + 1);
+    assert!(
+        repair::plan(dir.path()).is_err(),
+        "the open partition is locked"
+    );
+}
+
+#[test]
+fn a_clean_restart_reports_a_corrupt_batch_in_the_tail_it_reads() {
+    let config = small_config();
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path(), config.clone());
+    for i in 0..5 {
+        log.append_as_leader(&mut batch(&format!("c{i}"), 2, 20, T0), LeaderEpoch(0))
+            .unwrap();
+    }
+    log.close().unwrap();
+    let active = active_log_file(dir.path());
+    let mut bytes = std::fs::read(&active).unwrap();
+    let spans = batch_spans(&bytes);
+    // The last batch: after a clean shutdown even a damaged suffix is not a torn write.
+    bytes[spans[4].0 + 40] ^= 0x01;
+    std::fs::write(&active, &bytes).unwrap();
+    match PartitionLog::open(dir.path(), config, Arc::new(SystemClock)) {
+        Err(LogError::Damaged(report)) => {
+            assert_eq!(report.ranges.len(), 1, "{report}");
+            assert_eq!(report.ranges[0].start_position, spans[4].0 as u64);
+            assert_eq!(report.ranges[0].first_offset, 8);
+        }
+        other => panic!("expected a damage report, got {other:?}"),
+    }
+    assert_eq!(std::fs::read(&active).unwrap(), bytes, "nothing was cut");
 }
 
 #[test]
@@ -758,6 +1047,11 @@ fn a_corrupt_sealed_segment_is_reported_on_read_not_served() {
         }
         other => panic!("expected a corruption error, got {other:?}"),
     }
+    // The server knows too, not only the client that fetched.
+    let seen = log.damage_seen();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(seen[0].file.ends_with("00000000000000000000.log"));
+    assert_eq!((seen[0].start_position, seen[0].first_offset), (0, 0));
 }
 
 #[test]
@@ -1032,4 +1326,78 @@ fn advancing_the_log_start_hides_and_deletes_what_is_below() {
     let log = open(dir.path(), small_config());
     assert_eq!(log.log_start_offset(), Offset(30));
     assert_eq!(log.advance_log_start(Offset(10)).unwrap(), Offset(30));
+}
+
+// ---- failed mutations ----
+
+/// A log of several segments, for truncation tests.
+fn multi_segment_log(dir: &Path) -> (PartitionLog, Vec<(u64, Vec<u8>)>) {
+    let log = open(dir, small_config());
+    for i in 0..30 {
+        log.append_as_leader(&mut batch(&format!("m{i}"), 2, 150, T0 + i), LeaderEpoch(0))
+            .unwrap();
+    }
+    let written = read_all(&log, 0);
+    assert!(log.segment_count() >= 3);
+    (log, written)
+}
+
+#[test]
+fn a_failed_truncation_takes_the_partition_offline_and_never_panics() {
+    use super::log::FaultSite;
+    let cases: [(&str, FaultSite); 6] = [
+        ("truncate_to", FaultSite::MarkDeleted),
+        ("truncate_to", FaultSite::TruncateSegment),
+        ("truncate_to", FaultSite::DeleteFiles),
+        ("truncate_fully", FaultSite::MarkDeleted),
+        ("truncate_fully", FaultSite::CreateSegment),
+        ("truncate_fully", FaultSite::DeleteFiles),
+    ];
+    for (op, site) in cases {
+        let context = format!("{op} failing at {site:?}");
+        let dir = tempfile::tempdir().unwrap();
+        let (log, written) = multi_segment_log(dir.path());
+        log.inject_fault(site);
+        let result = match op {
+            "truncate_to" => log.truncate_to(Offset(5)),
+            _ => log.truncate_fully_and_start_at(Offset(1000)),
+        };
+        assert!(
+            result.is_err(),
+            "{context}: the injected fault must surface"
+        );
+        assert!(log.offline_reason().is_some(), "{context}: must go offline");
+        // Nothing panics and every call answers.
+        let _ = (
+            log.log_end_offset(),
+            log.log_start_offset(),
+            log.high_watermark(),
+        );
+        let _ = (log.segment_count(), log.size_bytes(), log.latest_epoch());
+        assert!(log.segment_count() > 0, "{context}");
+        assert!(
+            matches!(
+                log.read(Offset(0), 1000, Isolation::LogEnd),
+                Err(LogError::Offline { .. })
+            ),
+            "{context}"
+        );
+        assert!(
+            matches!(
+                log.append_as_leader(&mut batch("x", 1, 10, T0), LeaderEpoch(0)),
+                Err(LogError::Offline { .. })
+            ),
+            "{context}"
+        );
+        assert!(log.truncate_to(Offset(0)).is_err(), "{context}");
+        // The files on disk reopen as either the old log or a prefix of it.
+        drop(log);
+        let log = open(dir.path(), small_config());
+        let end = log.log_end_offset().0;
+        if log.log_start_offset().0 == 1000 {
+            assert_eq!(end, 1000, "{context}");
+        } else {
+            assert_records(&read_all(&log, 0), &written[..end as usize], &context);
+        }
+    }
 }

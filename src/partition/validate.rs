@@ -2,16 +2,20 @@
 //!
 //! A leader accepts batches from clients: each must be a complete, CRC-valid magic-2
 //! batch no larger than `max.message.bytes`, with records whose count and offset deltas
-//! agree with the header (compressed batches are decompressed to check). A follower
+//! agree with the header. A compressed batch's records block must also decompress to no
+//! more than `max.message.bytes` ([`LogError::UncompressedTooLarge`]): it is checked by a
+//! streaming decode that stops at the limit, so a decompression bomb costs at most the
+//! limit in memory and CPU, never its expanded size. A follower
 //! accepts batches copied from its leader: same format checks, plus offsets that continue
 //! its log exactly.
 
-use crate::record::{peek_total_size, RecordBatch, LOG_OVERHEAD};
+use crate::record::{peek_total_size, RecordBatch, RecordError, LOG_OVERHEAD};
 
 use super::LogError;
 
-/// Largest decompressed records block accepted: bounds what a small compressed batch may
-/// expand to during validation.
+/// Largest decompressed records block a reader of stored batches inflates (followers'
+/// validation, `dump-log`, decoded fetches, timestamp lookups). Client batches are held to
+/// the topic's `max.message.bytes` instead.
 pub const MAX_UNCOMPRESSED_BATCH_BYTES: usize = 64 << 20;
 
 /// What validation learned about one batch.
@@ -69,9 +73,26 @@ pub fn validate_batches(
             });
         }
         let (batch, _) = RecordBatch::parse(rest).map_err(|e| invalid(e.to_string()))?;
-        batch
-            .validate(MAX_UNCOMPRESSED_BATCH_BYTES)
-            .map_err(|e| invalid(e.to_string()))?;
+        // A client's batch is bounded by max.message.bytes after decompression too; a
+        // follower copies what its leader already accepted.
+        let uncompressed_limit = if from_client {
+            max_message_bytes
+        } else {
+            MAX_UNCOMPRESSED_BATCH_BYTES.max(max_message_bytes)
+        };
+        batch.validate(uncompressed_limit).map_err(|e| match e {
+            RecordError::DecompressedTooLarge {
+                codec,
+                limit,
+                reached,
+            } => LogError::UncompressedTooLarge {
+                codec,
+                compressed_size: size,
+                limit,
+                reached,
+            },
+            e => invalid(e.to_string()),
+        })?;
         let h = batch.header();
         if from_client {
             if h.record_count == 0

@@ -24,6 +24,7 @@
 //! The base offset and leader epoch sit before the CRC'd region, so a broker assigns
 //! offsets by rewriting them in place without recomputing the CRC.
 
+use super::compression::READ_CHUNK;
 use super::{Compression, Record, RecordError, RecordView};
 
 /// Size of the fixed batch header.
@@ -279,7 +280,8 @@ impl<'a> RecordBatch<'a> {
 
     /// Checks the CRC, then decodes every record and checks that the count and the offset
     /// deltas agree with the header. `max_uncompressed_bytes` bounds decompression.
-    pub fn validate(&self, max_uncompressed_bytes: usize) -> Result<(), RecordError> {
+    /// Returns the size of the records block after decompression.
+    pub fn validate(&self, max_uncompressed_bytes: usize) -> Result<usize, RecordError> {
         self.verify_crc()?;
         self.for_each_record(max_uncompressed_bytes, |_| Ok(()))
     }
@@ -310,38 +312,117 @@ impl<'a> RecordBatch<'a> {
 
     /// Decodes every record in place, in order, and hands each view to `visit`. Checks
     /// that the count and offset deltas agree with the header.
+    ///
+    /// A compressed block is decoded as a stream with a hard cap of
+    /// `max_uncompressed_bytes` decompressed bytes (see [`Compression::decoder`]): only
+    /// the record being decoded is held in memory, so validating a decompression bomb
+    /// costs at most the cap, never its expanded size. Returns the decompressed size of
+    /// the records block (the stored size when uncompressed).
     pub fn for_each_record(
         &self,
         max_uncompressed_bytes: usize,
         mut visit: impl FnMut(RecordView<'_>) -> Result<(), RecordError>,
-    ) -> Result<(), RecordError> {
-        let block = self.records_block(max_uncompressed_bytes)?;
-        let mut rest: &[u8] = &block;
-        let h = &self.header;
-        let mut last_delta = -1i64;
-        for index in 0..h.record_count {
-            let (record, remaining) = RecordView::decode(rest, h.base_offset, h.base_timestamp)?;
-            let delta = record.offset - h.base_offset;
-            if delta <= last_delta || delta > i64::from(h.last_offset_delta) {
-                return Err(RecordError::Malformed {
-                    field: "offset_delta",
-                    reason: format!(
-                        "record {index} has offset delta {delta}, not increasing within 0..={}",
-                        h.last_offset_delta
-                    ),
-                });
+    ) -> Result<usize, RecordError> {
+        let raw = &self.bytes[HEADER_LEN..];
+        let codec = self.header.compression()?;
+        let mut records = RecordChecker::new(&self.header);
+        if codec == Compression::None {
+            let mut rest: &[u8] = raw;
+            while !records.done() {
+                let (record, remaining) =
+                    RecordView::decode(rest, self.header.base_offset, self.header.base_timestamp)?;
+                records.check(&record)?;
+                rest = remaining;
+                visit(record)?;
             }
-            last_delta = delta;
-            rest = remaining;
+            return records.finish(rest.len()).map(|()| raw.len());
+        }
+        let mut decoder = codec.decoder(raw, max_uncompressed_bytes)?;
+        let mut buf: Vec<u8> = Vec::new();
+        let mut start = 0usize;
+        let mut at_end = false;
+        while !records.done() {
+            // Read until the buffer holds the whole next record (or the block ends).
+            while !at_end && !holds_whole_record(&buf[start..]) {
+                if start > 0 {
+                    buf.drain(..start);
+                    start = 0;
+                }
+                at_end = decoder.read_some(&mut buf, max_uncompressed_bytes, READ_CHUNK)? == 0;
+            }
+            let (record, remaining) = RecordView::decode(
+                &buf[start..],
+                self.header.base_offset,
+                self.header.base_timestamp,
+            )?;
+            records.check(&record)?;
+            start = buf.len() - remaining.len();
             visit(record)?;
         }
-        if !rest.is_empty() {
+        let mut left = buf.len() - start;
+        if left == 0 && !at_end {
+            left = decoder.read_some(&mut buf, max_uncompressed_bytes, READ_CHUNK)?;
+        }
+        records.finish(left).map(|()| decoder.produced())
+    }
+}
+
+/// True when `buf` starts with a complete record (its varint length and that many bytes),
+/// or with bytes that can never become one (the decoder then reports the error).
+fn holds_whole_record(buf: &[u8]) -> bool {
+    let mut reader = super::varint::Reader::new(buf);
+    match reader.varint("record.length") {
+        Ok(length) if length >= 0 => buf.len() - reader.position() >= length as usize,
+        Ok(_) => true,
+        // Five bytes that do not end a varint will not end one later either.
+        Err(_) => buf.len() >= 5,
+    }
+}
+
+/// Checks the records of a batch against its header as they are decoded.
+struct RecordChecker<'h> {
+    header: &'h BatchHeader,
+    index: i32,
+    last_delta: i64,
+}
+
+impl<'h> RecordChecker<'h> {
+    fn new(header: &'h BatchHeader) -> Self {
+        Self {
+            header,
+            index: 0,
+            last_delta: -1,
+        }
+    }
+
+    fn done(&self) -> bool {
+        self.index >= self.header.record_count
+    }
+
+    fn check(&mut self, record: &RecordView<'_>) -> Result<(), RecordError> {
+        let h = self.header;
+        let delta = record.offset - h.base_offset;
+        if delta <= self.last_delta || delta > i64::from(h.last_offset_delta) {
+            return Err(RecordError::Malformed {
+                field: "offset_delta",
+                reason: format!(
+                    "record {} has offset delta {delta}, not increasing within 0..={}",
+                    self.index, h.last_offset_delta
+                ),
+            });
+        }
+        self.last_delta = delta;
+        self.index += 1;
+        Ok(())
+    }
+
+    fn finish(&self, bytes_left: usize) -> Result<(), RecordError> {
+        if bytes_left != 0 {
             return Err(RecordError::Malformed {
                 field: "record_count",
                 reason: format!(
-                    "{} bytes left after the {} records the header announces",
-                    rest.len(),
-                    h.record_count
+                    "bytes left after the {} records the header announces",
+                    self.header.record_count
                 ),
             });
         }
@@ -391,20 +472,32 @@ impl<'a> Iterator for BatchIter<'a> {
 }
 
 /// Decodes every record of `buf` (whole batches back to back, as a fetch returns them):
-/// each batch's CRC is checked, control batches are skipped, and decompression is bounded
-/// by `max_uncompressed_bytes` per batch.
+/// each batch's CRC is checked and control batches are skipped.
+///
+/// `max_uncompressed_bytes` caps the decompressed bytes of **all** compressed batches
+/// together (each batch gets what the ones before it left), so one call never inflates
+/// more than that, however many small bombs `buf` holds. Uncompressed batches are not
+/// counted: their records are no larger than `buf` itself.
 pub fn decode_data_records(
     buf: &[u8],
     max_uncompressed_bytes: usize,
 ) -> Result<Vec<super::Record>, RecordError> {
     let mut out = Vec::new();
+    let mut budget = max_uncompressed_bytes;
     for batch in BatchIter::new(buf) {
         let batch = batch?;
         batch.verify_crc()?;
         if batch.header().is_control() {
             continue;
         }
-        out.extend(batch.records(max_uncompressed_bytes)?);
+        let compressed = batch.header().compression()? != Compression::None;
+        let used = batch.for_each_record(budget, |r| {
+            out.push(r.to_record());
+            Ok(())
+        })?;
+        if compressed {
+            budget -= used;
+        }
     }
     Ok(out)
 }

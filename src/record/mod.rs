@@ -64,12 +64,17 @@ pub enum RecordError {
         reason: String,
     },
     /// Decompression would exceed the allowed size.
-    #[error("{codec} block decompresses to more than the limit of {limit} bytes")]
+    #[error(
+        "{codec} block decompresses to more than the limit of {limit} bytes (stopped at {reached})"
+    )]
     DecompressedTooLarge {
         /// Codec name.
         codec: &'static str,
         /// The limit in bytes.
         limit: usize,
+        /// Decompressed bytes produced (or declared by the next block) when decoding
+        /// stopped: always above `limit`.
+        reached: usize,
     },
     /// A batch was built with no records.
     #[error("a batch needs at least one record")]

@@ -269,3 +269,94 @@ fn compressed_vectors_decode_and_reencode_identically() {
         ]
     );
 }
+
+/// A batch of one record whose value is `len` zeros.
+fn zeros_batch(codec: Compression, len: usize) -> Vec<u8> {
+    let value = vec![0u8; len];
+    let mut builder = BatchBuilder::new(codec);
+    builder.push(RecordRef {
+        timestamp: 1,
+        key: None,
+        value: Some(&value),
+        headers: &[],
+    });
+    builder.build(0).unwrap()
+}
+
+#[test]
+fn validating_a_bomb_stops_at_the_cap_for_every_codec() {
+    for codec in Compression::ALL.into_iter().skip(1) {
+        let bytes = zeros_batch(codec, 8 << 20);
+        assert!(bytes.len() < 1 << 20, "{codec}: {} bytes", bytes.len());
+        let (batch, _) = RecordBatch::parse(&bytes).unwrap();
+        match batch.validate(1 << 20) {
+            Err(RecordError::DecompressedTooLarge { limit, reached, .. }) => {
+                assert_eq!(limit, 1 << 20, "{codec}");
+                assert!(reached < 2 << 20, "{codec}: inflated to {reached}");
+            }
+            other => panic!("{codec}: {other:?}"),
+        }
+        assert!(batch.records(1 << 20).is_err(), "{codec}");
+        // Within the cap it decodes, streamed.
+        let n = batch.validate(9 << 20).unwrap();
+        assert!(n > 8 << 20, "{codec}: {n}");
+        assert_eq!(
+            batch.records(9 << 20).unwrap()[0]
+                .value
+                .as_ref()
+                .unwrap()
+                .len(),
+            8 << 20
+        );
+    }
+}
+
+#[test]
+fn decode_data_records_caps_all_batches_together() {
+    for codec in Compression::ALL.into_iter().skip(1) {
+        let mut fetch = Vec::new();
+        for base in 0..4 {
+            let mut b = zeros_batch(codec, 400 << 10);
+            set_base_offset(&mut b, base);
+            fetch.extend_from_slice(&b);
+        }
+        // Each batch alone fits 1 MiB; the four together do not.
+        assert!(
+            matches!(
+                decode_data_records(&fetch, 1 << 20),
+                Err(RecordError::DecompressedTooLarge { limit, .. }) if limit < 1 << 20
+            ),
+            "{codec}"
+        );
+        assert_eq!(
+            decode_data_records(&fetch, 2 << 20).unwrap().len(),
+            4,
+            "{codec}"
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// Validation accepts a compressed batch exactly when its records block decompresses
+    /// to no more than the cap, for every codec.
+    #[test]
+    fn validation_accepts_exactly_the_batches_within_the_cap(
+        codec in proptest::sample::select(Compression::ALL[1..].to_vec()),
+        len in 0usize..200_000,
+        cap in 1usize..200_000,
+    ) {
+        let plain = zeros_batch(Compression::None, len);
+        let block = plain.len() - HEADER_LEN;
+        let bytes = zeros_batch(codec, len);
+        let (batch, _) = RecordBatch::parse(&bytes).unwrap();
+        match batch.validate(cap) {
+            Ok(n) => prop_assert!(block <= cap && n == block),
+            Err(RecordError::DecompressedTooLarge { limit, .. }) => {
+                prop_assert!(block > cap && limit == cap)
+            }
+            Err(e) => prop_assert!(false, "{}", e),
+        }
+    }
+}

@@ -40,7 +40,9 @@ impl ReplicaError {
     pub fn from_log(partition: &str, e: LogError) -> Self {
         let code = match &e {
             LogError::OffsetOutOfRange { .. } => ErrorCode::OffsetOutOfRange,
-            LogError::RecordTooLarge { .. } => ErrorCode::RecordTooLarge,
+            LogError::RecordTooLarge { .. } | LogError::UncompressedTooLarge { .. } => {
+                ErrorCode::RecordTooLarge
+            }
             LogError::InvalidRecord { .. } | LogError::Corrupt { .. } => ErrorCode::CorruptMessage,
             LogError::NonContiguousAppend { .. } => ErrorCode::InvalidRequest,
             LogError::Config(_) => ErrorCode::InvalidConfig,
@@ -48,9 +50,10 @@ impl ReplicaError {
                 ErrorCode::OutOfOrderSequenceNumber
             }
             LogError::Sequence(_) => ErrorCode::InvalidProducerEpoch,
-            LogError::Offline { .. } | LogError::DirectoryLocked { .. } | LogError::Io { .. } => {
-                ErrorCode::KafkaStorageError
-            }
+            LogError::Offline { .. }
+            | LogError::Damaged(_)
+            | LogError::DirectoryLocked { .. }
+            | LogError::Io { .. } => ErrorCode::KafkaStorageError,
         };
         Self::new(code, format!("{partition}: {e}"))
     }

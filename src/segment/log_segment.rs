@@ -18,7 +18,7 @@ use crate::record::{BatchHeader, BatchIter, HEADER_LEN};
 
 use super::log_file::{read_at_most, LogFile};
 use super::offset_index::{OffsetIndex, OffsetPosition};
-use super::scan::{read_header_at, BatchScanner, ScanError};
+use super::scan::{read_header_at, verify_batches, BatchScanner, ScanError, SegmentDamage};
 use super::time_index::TimeIndex;
 use super::SegmentError;
 
@@ -61,12 +61,12 @@ pub struct BatchLocation {
 /// What recovery found in a segment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecoveryOutcome {
-    /// Valid batches kept.
+    /// Valid batches found (before and after any damage).
     pub batches: u64,
-    /// Bytes cut off the end (0 when the segment was intact).
-    pub truncated_bytes: u64,
-    /// Why the scan stopped early, if it did.
-    pub problem: Option<String>,
+    /// End of the valid prefix: the start of the first damage, or the file size.
+    pub valid_prefix_end: u64,
+    /// Damaged ranges, in file order (empty when the segment is intact).
+    pub damage: Vec<SegmentDamage>,
 }
 
 /// One segment of a partition log.
@@ -262,13 +262,14 @@ impl LogSegment {
         Ok(false)
     }
 
-    /// Rebuilds both indexes by scanning the whole log (no truncation, no CRC checks).
+    /// Rebuilds both indexes by scanning (and CRC-checking) the whole log; fails with
+    /// [`SegmentError::Corrupt`] on the first damage (nothing is cut).
     fn rebuild_indexes(&mut self) -> Result<(), SegmentError> {
-        let outcome = self.scan_and_index(false)?;
-        if let Some(problem) = outcome.problem {
+        let outcome = self.scan_and_index()?;
+        if let Some(d) = outcome.damage.first() {
             return Err(SegmentError::Corrupt {
                 path: self.log.path().to_path_buf(),
-                reason: problem,
+                reason: d.reason.clone(),
             });
         }
         Ok(())
@@ -307,6 +308,22 @@ impl LogSegment {
             let batch = scanner.next_batch().map_err(|e| self.scan_error(e))?;
             let Some(batch) = batch else { break };
             let h = *batch.header();
+            // The tail is read whole anyway: check it, so a clean start notices damage there.
+            if let Err(e) = batch.batch.verify_crc() {
+                return Err(SegmentError::Corrupt {
+                    path: self.log.path().to_path_buf(),
+                    reason: format!("batch at position {}: {e}", batch.position),
+                });
+            }
+            if h.base_offset as u64 != self.next_offset {
+                return Err(SegmentError::Corrupt {
+                    path: self.log.path().to_path_buf(),
+                    reason: format!(
+                        "batch at position {} starts at offset {}, expected {}",
+                        batch.position, h.base_offset, self.next_offset
+                    ),
+                });
+            }
             if h.max_timestamp > self.max_timestamp {
                 self.max_timestamp = h.max_timestamp;
                 self.offset_of_max_timestamp = h.last_offset() as u64;
@@ -328,30 +345,39 @@ impl LogSegment {
         }
     }
 
-    /// Re-validates every batch (CRC, contiguous offsets), rebuilds both indexes, and cuts
-    /// the log at the first torn or corrupt batch. `visit` sees every valid batch header
-    /// in order (the partition rebuilds its leader-epoch cache from them).
+    /// Re-validates every batch (CRC, contiguous offsets) and rebuilds both indexes from
+    /// the valid ones. Damage does not stop the scan: each damaged range is skipped up to
+    /// the next valid batch and reported in the outcome, and nothing is cut here. The
+    /// caller decides (see `partition::loader`): a garbage suffix of the active segment is
+    /// a torn write and is cut with [`LogSegment::truncate_log_at`]; anything else is
+    /// corruption, reported and kept. `visit` sees every valid batch header in order (the
+    /// partition rebuilds its leader-epoch cache from them).
     pub fn recover(
         &mut self,
         mut visit: impl FnMut(&BatchHeader),
     ) -> Result<RecoveryOutcome, SegmentError> {
-        let outcome = self.scan_and_index_with(true, &mut visit)?;
-        if outcome.truncated_bytes > 0 {
-            let size = self.log.size() - outcome.truncated_bytes;
-            self.log
-                .truncate_to(size)
-                .map_err(|e| SegmentError::io(self.log.path(), e))?;
-        }
-        Ok(outcome)
+        self.scan_and_index_with(&mut visit)
     }
 
-    fn scan_and_index(&mut self, verify: bool) -> Result<RecoveryOutcome, SegmentError> {
-        self.scan_and_index_with(verify, &mut |_| {})
+    /// Cuts the `.log` file at `position` (a torn tail found by [`LogSegment::recover`],
+    /// whose indexes already stop there) and makes the cut durable.
+    pub fn truncate_log_at(&mut self, position: u64) -> Result<u64, SegmentError> {
+        let removed = self.log.size().saturating_sub(position);
+        if removed > 0 {
+            self.log
+                .truncate_to(position)
+                .map_err(|e| SegmentError::io(self.log.path(), e))?;
+            self.flush_log()?;
+        }
+        Ok(removed)
+    }
+
+    fn scan_and_index(&mut self) -> Result<RecoveryOutcome, SegmentError> {
+        self.scan_and_index_with(&mut |_| {})
     }
 
     fn scan_and_index_with(
         &mut self,
-        verify: bool,
         visit: &mut dyn FnMut(&BatchHeader),
     ) -> Result<RecoveryOutcome, SegmentError> {
         // Full capacity while rebuilding; the caller trims sealed segments afterwards.
@@ -365,53 +391,31 @@ impl LogSegment {
         self.first_batch_timestamp = None;
         let file = self.log.handle();
         let size = self.log.size();
-        let mut scanner = BatchScanner::new(&file, 0, size, MAX_SCAN_BATCH_BYTES);
-        let mut batches = 0u64;
-        let mut problem = None;
-        loop {
-            let position = scanner.position();
-            let batch = match scanner.next_batch() {
-                Ok(Some(batch)) => batch,
-                Ok(None) => break,
-                Err(ScanError::Io { position, source }) => {
-                    return Err(SegmentError::io(
-                        self.log.path(),
-                        io::Error::new(source.kind(), format!("at position {position}: {source}")),
-                    ));
-                }
-                Err(e) => {
-                    problem = Some(e.to_string());
-                    break;
-                }
-            };
-            let h = *batch.header();
-            if verify {
-                if let Err(e) = batch.batch.verify_crc() {
-                    problem = Some(format!("batch at position {position}: {e}"));
-                    break;
-                }
-            }
-            if h.base_offset as u64 != self.next_offset
-                || !self.can_hold_offset(h.last_offset() as u64)
-            {
-                problem = Some(format!(
-                    "batch at position {position} has offsets {}..={}, expected to start at {}",
-                    h.base_offset,
-                    h.last_offset(),
-                    self.next_offset
-                ));
-                break;
-            }
-            visit(&h);
-            self.track_batch(position, &h);
-            batches += 1;
-        }
-        let valid = scanner.position();
-        let truncated_bytes = if problem.is_some() { size - valid } else { 0 };
+        let offset_limit = self.base_offset.saturating_add(u64::from(u32::MAX) + 1);
+        let verified = verify_batches(
+            &file,
+            0,
+            size,
+            self.base_offset,
+            offset_limit,
+            MAX_SCAN_BATCH_BYTES,
+            &mut |position, batch| {
+                let h = *batch.header();
+                visit(&h);
+                self.track_batch(position, &h);
+            },
+        )
+        .map_err(|e| match e {
+            ScanError::Io { position, source } => SegmentError::io(
+                self.log.path(),
+                io::Error::new(source.kind(), format!("at position {position}: {source}")),
+            ),
+            other => self.scan_error(other),
+        })?;
         Ok(RecoveryOutcome {
-            batches,
-            truncated_bytes,
-            problem,
+            batches: verified.batches,
+            valid_prefix_end: verified.valid_prefix_end,
+            damage: verified.damage,
         })
     }
 

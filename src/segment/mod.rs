@@ -22,7 +22,10 @@ pub use log_segment::{
     INDEX_SUFFIX, LOG_SUFFIX, MAX_SEGMENT_BYTES, TIME_INDEX_SUFFIX,
 };
 pub use offset_index::{OffsetIndex, OffsetPosition, OFFSET_ENTRY_SIZE};
-pub use scan::{read_header_at, BatchScanner, ScanError, ScannedBatch};
+pub use scan::{
+    find_next_valid_batch, read_header_at, verify_batches, BatchScanner, ScanError, ScannedBatch,
+    SegmentDamage, VerifiedRange, MAX_DAMAGED_RANGES,
+};
 pub use time_index::{TimeIndex, TimestampOffset, TIME_ENTRY_SIZE};
 
 /// Why a segment operation failed.

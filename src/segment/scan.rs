@@ -226,3 +226,186 @@ impl<'f> BatchScanner<'f> {
         }
     }
 }
+
+/// A byte range of a `.log` file that does not hold valid batches where valid batches
+/// must be: a batch that fails its CRC or structure checks, or that breaks the offset
+/// order, up to the next valid batch (or to the end of the file when none follows).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentDamage {
+    /// Where the bad bytes start (the position a batch was expected at).
+    pub start_position: u64,
+    /// Where valid batches resume; the end of the scanned range when none follows.
+    pub end_position: u64,
+    /// The offset the bad batch should have started with: the first offset possibly lost.
+    pub first_offset: u64,
+    /// Base offset of the valid batch found at `end_position`; `None` when no valid batch
+    /// follows the damage (a garbage suffix, which is what a torn write looks like).
+    pub resume_offset: Option<u64>,
+    /// What was wrong at `start_position`.
+    pub reason: String,
+}
+
+/// What [`verify_batches`] found.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct VerifiedRange {
+    /// Valid batches seen (before and after damage).
+    pub batches: u64,
+    /// Offset after the last valid batch.
+    pub next_offset: u64,
+    /// End of the valid prefix: the start of the first damage, or the end of the range.
+    pub valid_prefix_end: u64,
+    /// Every damaged range, in file order.
+    pub damage: Vec<SegmentDamage>,
+}
+
+/// Largest number of damaged ranges one scan records before giving up on the rest of the
+/// range (reported as one last range to the end): bounds the report and the work.
+pub const MAX_DAMAGED_RANGES: usize = 1024;
+
+/// Validates every batch of `[start, end)`: each must parse, fit, have a valid CRC, start
+/// exactly at the offset after the previous one (the first at `first_offset`) and end
+/// below `offset_limit`. Every valid batch goes to `visit` with its position, in order.
+///
+/// Unlike a plain scan, damage does not end the walk: after a bad batch the scan searches
+/// forward ([`find_next_valid_batch`]) for the next valid batch whose base offset is not
+/// below the expected one, records the skipped range, and continues from there. Only
+/// read failures are errors.
+pub fn verify_batches(
+    file: &File,
+    start: u64,
+    end: u64,
+    first_offset: u64,
+    offset_limit: u64,
+    max_batch_bytes: u64,
+    visit: &mut dyn FnMut(u64, &RecordBatch<'_>),
+) -> Result<VerifiedRange, ScanError> {
+    let mut out = VerifiedRange {
+        next_offset: first_offset,
+        valid_prefix_end: end,
+        ..VerifiedRange::default()
+    };
+    let mut scanner = BatchScanner::new(file, start, end, max_batch_bytes);
+    loop {
+        let position = scanner.position();
+        let problem = match scanner.next_batch() {
+            Ok(None) => break,
+            Ok(Some(scanned)) => {
+                let h = *scanned.header();
+                if let Err(e) = scanned.batch.verify_crc() {
+                    Some(format!("batch at position {position}: {e}"))
+                } else if h.base_offset as u64 != out.next_offset
+                    || h.last_offset() as u64 >= offset_limit
+                {
+                    Some(format!(
+                        "batch at position {position} has offsets {}..={}, expected to start at {}",
+                        h.base_offset,
+                        h.last_offset(),
+                        out.next_offset
+                    ))
+                } else {
+                    visit(position, &scanned.batch);
+                    out.batches += 1;
+                    out.next_offset = h.next_offset() as u64;
+                    None
+                }
+            }
+            Err(e @ ScanError::Io { .. }) => return Err(e),
+            Err(e) => Some(e.to_string()),
+        };
+        let Some(reason) = problem else { continue };
+        if out.damage.is_empty() {
+            out.valid_prefix_end = position;
+        }
+        let resume = if out.damage.len() + 1 >= MAX_DAMAGED_RANGES {
+            None
+        } else {
+            find_next_valid_batch(
+                file,
+                position + 1,
+                end,
+                out.next_offset,
+                offset_limit,
+                max_batch_bytes,
+            )?
+        };
+        out.damage.push(SegmentDamage {
+            start_position: position,
+            end_position: resume.map_or(end, |(p, _)| p),
+            first_offset: out.next_offset,
+            resume_offset: resume.map(|(_, h)| h.base_offset as u64),
+            reason,
+        });
+        let Some((resume_position, h)) = resume else {
+            break;
+        };
+        out.next_offset = h.base_offset as u64;
+        scanner = BatchScanner::new(file, resume_position, end, max_batch_bytes);
+    }
+    Ok(out)
+}
+
+/// Searches `[from, end)` for the first position where a whole valid batch starts: its
+/// header parses, it fits before `end`, its CRC validates, its base offset is at least
+/// `min_base_offset` and its last offset below `offset_limit`. Used to resynchronize after
+/// damage (recovery, `repair`, `dump-log`). Reads the range once in windows; only
+/// candidates whose header checks pass are read whole.
+pub fn find_next_valid_batch(
+    file: &File,
+    from: u64,
+    end: u64,
+    min_base_offset: u64,
+    offset_limit: u64,
+    max_batch_bytes: u64,
+) -> Result<Option<(u64, BatchHeader)>, ScanError> {
+    const WINDOW: usize = 1 << 20;
+    let mut buf = vec![0u8; WINDOW];
+    let mut window_start = from;
+    while window_start + HEADER_LEN as u64 <= end {
+        let want = (WINDOW as u64).min(end - window_start) as usize;
+        let n =
+            read_at_most(file, window_start, &mut buf[..want]).map_err(|source| ScanError::Io {
+                position: window_start,
+                source,
+            })?;
+        if n < HEADER_LEN {
+            return Ok(None);
+        }
+        for i in 0..=n - HEADER_LEN {
+            // Cheap filter first: the magic byte.
+            if buf[i + 16] as i8 != crate::record::MAGIC {
+                continue;
+            }
+            let Ok(h) = BatchHeader::parse(&buf[i..n]) else {
+                continue;
+            };
+            let position = window_start + i as u64;
+            let size = h.total_size() as u64;
+            if size > max_batch_bytes
+                || position + size > end
+                || (h.base_offset as u64) < min_base_offset
+                || h.last_offset() as u64 >= offset_limit
+            {
+                continue;
+            }
+            let valid = if i + size as usize <= n {
+                RecordBatch::parse(&buf[i..i + size as usize])
+                    .is_ok_and(|(b, _)| b.verify_crc().is_ok())
+            } else {
+                let mut whole = vec![0u8; size as usize];
+                let got = read_at_most(file, position, &mut whole)
+                    .map_err(|source| ScanError::Io { position, source })?;
+                got == whole.len()
+                    && RecordBatch::parse(&whole).is_ok_and(|(b, _)| b.verify_crc().is_ok())
+            };
+            if valid {
+                return Ok(Some((position, h)));
+            }
+        }
+        if window_start + n as u64 >= end {
+            break;
+        }
+        // Overlap windows so a header straddling the boundary is seen whole.
+        window_start += (n - HEADER_LEN + 1) as u64;
+    }
+    Ok(None)
+}
