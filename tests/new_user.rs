@@ -387,7 +387,7 @@ async fn perf_produce_acks_all_survives_a_leader_kill_9() {
             .then_some(t)
     })
     .await;
-    const RECORDS: usize = 30_000;
+    const RECORDS: usize = 100_000;
     let bootstrap = c.bootstrap().join(",");
     let records = RECORDS.to_string();
     let perf = Command::new(binary())
@@ -412,7 +412,7 @@ async fn perf_produce_acks_all_survives_a_leader_kill_9() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     let victim = t.partitions[0].leader.unwrap();
     c.brokers[victim as usize - 1].take().unwrap().kill9();
     let out = tokio::task::spawn_blocking(move || perf.wait_with_output())

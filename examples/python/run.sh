@@ -4,12 +4,12 @@
 #
 # Writes nothing into the source tree, so it runs from a read-only checkout:
 # - the venv (grpcio, grpcio-tools; needs python3 with venv and PyPI) is made once and
-#   reused, at $TIDELOG_PY_VENV, default ${XDG_CACHE_HOME:-$HOME/.cache}/tidelog/python-example-venv;
+#   reused, at $PYTHON_EXAMPLE_VENV, default ${XDG_CACHE_HOME:-$HOME/.cache}/tidelog/python-example-venv;
 # - the stubs are generated into a fresh temporary directory, removed on exit.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 proto="$here/../../proto"
-venv="${TIDELOG_PY_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/tidelog/python-example-venv}"
+venv="${PYTHON_EXAMPLE_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/tidelog/python-example-venv}"
 # Checks the import rather than the venv's existence, so an install cut short is redone.
 if ! "$venv/bin/python" -c 'import grpc, grpc_tools' 2>/dev/null; then
   mkdir -p "$(dirname "$venv")"
