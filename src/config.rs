@@ -49,6 +49,10 @@ pub struct ControllerConfig {
     /// How often the active controller hands leaderships back to preferred replicas that
     /// are alive and in sync again (ms; 0 turns automatic preferred-leader election off).
     pub leader_imbalance_check_interval_ms: u64,
+    /// Most connections open at once on the listener.
+    pub connections_max: usize,
+    /// Longest a new connection may take to open with the HTTP/2 preface (ms).
+    pub connection_handshake_timeout_ms: u64,
 }
 
 impl Default for ControllerConfig {
@@ -68,11 +72,23 @@ impl Default for ControllerConfig {
             metadata_history_max: 10_000,
             write_timeout_ms: 10_000,
             leader_imbalance_check_interval_ms: 30_000,
+            connections_max: 10_000,
+            connection_handshake_timeout_ms: 10_000,
         }
     }
 }
 
 impl ControllerConfig {
+    /// The listener's limits.
+    pub fn listener_limits(&self) -> crate::net::ListenerLimits {
+        crate::net::ListenerLimits {
+            connections_max: self.connections_max,
+            handshake_timeout: std::time::Duration::from_millis(
+                self.connection_handshake_timeout_ms,
+            ),
+        }
+    }
+
     /// The peer list as a map; fails on a malformed entry or a repeated id.
     pub fn peer_map(&self) -> Result<BTreeMap<NodeId, String>, ConfigLoadError> {
         parse_peers(&self.peers)
@@ -81,6 +97,12 @@ impl ControllerConfig {
     /// Checks ranges and relations between keys.
     pub fn validate(&self) -> Result<(), ConfigLoadError> {
         let bad = |m: String| Err(ConfigLoadError(m));
+        if self.connections_max == 0 || self.connection_handshake_timeout_ms < 10 {
+            return bad(format!(
+                "connections_max must be >= 1 and connection_handshake_timeout_ms >= 10 (got {}, {})",
+                self.connections_max, self.connection_handshake_timeout_ms
+            ));
+        }
         if self.raft_heartbeat_interval_ms == 0 {
             return bad("raft_heartbeat_interval_ms must be at least 1".to_owned());
         }
@@ -185,6 +207,10 @@ pub struct BrokerConfig {
     /// An offsets partition's superseded commits are cleaned up once it holds this many
     /// records (and four times its live offsets).
     pub offsets_cleanup_min_records: u64,
+    /// Most connections open at once on the listener.
+    pub connections_max: usize,
+    /// Longest a new connection may take to open with the HTTP/2 preface (ms).
+    pub connection_handshake_timeout_ms: u64,
 }
 
 impl Default for BrokerConfig {
@@ -213,14 +239,32 @@ impl Default for BrokerConfig {
             group_min_session_timeout_ms: 500,
             group_max_session_timeout_ms: 300_000,
             offsets_cleanup_min_records: 10_000,
+            connections_max: 10_000,
+            connection_handshake_timeout_ms: 10_000,
         }
     }
 }
 
 impl BrokerConfig {
+    /// The client listener's limits.
+    pub fn listener_limits(&self) -> crate::net::ListenerLimits {
+        crate::net::ListenerLimits {
+            connections_max: self.connections_max,
+            handshake_timeout: std::time::Duration::from_millis(
+                self.connection_handshake_timeout_ms,
+            ),
+        }
+    }
+
     /// Checks ranges.
     pub fn validate(&self) -> Result<(), ConfigLoadError> {
         let bad = |m: String| Err(ConfigLoadError(m));
+        if self.connections_max == 0 || self.connection_handshake_timeout_ms < 10 {
+            return bad(format!(
+                "connections_max must be >= 1 and connection_handshake_timeout_ms >= 10 (got {}, {})",
+                self.connections_max, self.connection_handshake_timeout_ms
+            ));
+        }
         if self.broker_id < 0 {
             return bad(format!("broker_id must be >= 0, got {}", self.broker_id));
         }

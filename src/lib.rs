@@ -8,6 +8,7 @@
 //! - [`replication`]: leaders, followers, high watermark and ISR (Kafka's protocol);
 //! - [`controller`]: the Raft quorum holding cluster metadata;
 //! - [`api`]: the gRPC services and their proto types;
+//! - [`net`]: listeners: the HTTP/2 handshake check, connection limits;
 //! - [`cli`]: the command-line tools.
 
 pub mod api;
@@ -17,6 +18,7 @@ pub mod client;
 pub mod config;
 pub mod controller;
 pub mod error_code;
+pub mod net;
 pub mod partition;
 pub mod record;
 pub mod replication;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::{announce_ready, bind, incoming, shutdown_signal, RoleError};
+use super::{announce_ready, bind, shutdown_signal, RoleError};
 use crate::api::admin_service::ControllerAdminService;
 use crate::api::broker_admin_service::{AdminBackend, BrokerAdminService};
 use crate::api::broker_service::BrokerService;
@@ -295,7 +295,12 @@ pub async fn run(config: BrokerConfig) -> Result<(), RoleError> {
             .add_service(reflection)
             .add_service(reflection_alpha)
             .serve_with_incoming_shutdown(
-                incoming(listener),
+                crate::net::serve_incoming(
+                    listener,
+                    config.listener_limits(),
+                    "broker",
+                    server_cancel.clone(),
+                ),
                 server_cancel.clone().cancelled_owned(),
             ),
     );

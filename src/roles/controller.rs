@@ -5,7 +5,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::{announce_ready, bind, incoming, shutdown_signal, RoleError};
+use super::{announce_ready, bind, shutdown_signal, RoleError};
 use crate::api::admin_service::ControllerAdminService;
 use crate::api::controller_service::ControllerService;
 use crate::api::forward::PeerChannels;
@@ -27,7 +27,12 @@ pub async fn run(config: ControllerConfig) -> Result<(), RoleError> {
     let cancel = CancellationToken::new();
     let tasks = TaskTracker::new();
     tasks.spawn(node.clone().run_housekeeping(cancel.clone()));
-    let server = tasks.spawn(serve(node.clone(), listener, cancel.clone()));
+    let server = tasks.spawn(serve(
+        node.clone(),
+        listener,
+        config.listener_limits(),
+        cancel.clone(),
+    ));
     tracing::info!(node_id = node.id(), %address, data_dir = %config.data_dir.display(), "controller started");
     let stop = shutdown_signal();
     announce_ready("controller", address);
@@ -49,10 +54,11 @@ pub async fn run(config: ControllerConfig) -> Result<(), RoleError> {
     Ok(())
 }
 
-/// Serves the controller's gRPC services on `listener` until `cancel`.
+/// Serves the controller's gRPC services on `listener` (within `limits`) until `cancel`.
 pub async fn serve(
     node: Arc<ControllerNode>,
     listener: tokio::net::TcpListener,
+    limits: crate::net::ListenerLimits,
     cancel: CancellationToken,
 ) -> Result<(), RoleError> {
     let peers = Arc::new(PeerChannels::default());
@@ -75,7 +81,10 @@ pub async fn serve(
         .add_service(health_service)
         .add_service(reflection)
         .add_service(reflection_alpha)
-        .serve_with_incoming_shutdown(incoming(listener), cancel.cancelled_owned())
+        .serve_with_incoming_shutdown(
+            crate::net::serve_incoming(listener, limits, "controller", cancel.clone()),
+            cancel.cancelled_owned(),
+        )
         .await?;
     Ok(())
 }

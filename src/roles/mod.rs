@@ -104,12 +104,6 @@ pub async fn bind(address: &str) -> Result<(tokio::net::TcpListener, SocketAddr)
     Ok((listener, local))
 }
 
-/// Accepted connections of `listener`, with TCP_NODELAY (small RPCs must not wait for
-/// Nagle's algorithm and delayed ACKs: that adds up to 40 ms per round trip).
-pub fn incoming(listener: tokio::net::TcpListener) -> tonic::transport::server::TcpIncoming {
-    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
-}
-
 /// Installs the SIGTERM handler now (so a signal right after the ready line is caught) and
 /// returns a future that resolves on SIGTERM or SIGINT.
 pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {

@@ -7,7 +7,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::broker::BrokerRuntime;
-use super::{announce_ready, bind, incoming, shutdown_signal, RoleError};
+use super::{announce_ready, bind, shutdown_signal, RoleError};
 use crate::api::admin_service::ControllerAdminService;
 use crate::api::broker_service::BrokerService;
 use crate::api::controller_service::ControllerService;
@@ -66,7 +66,12 @@ pub async fn run(
             .add_service(reflection)
             .add_service(reflection_alpha)
             .serve_with_incoming_shutdown(
-                incoming(listener),
+                crate::net::serve_incoming(
+                    listener,
+                    broker.listener_limits(),
+                    "standalone",
+                    server_cancel.clone(),
+                ),
                 server_cancel.clone().cancelled_owned(),
             ),
     );

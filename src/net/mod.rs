@@ -1,0 +1,331 @@
+//! Listeners: what a port accepts before gRPC sees a connection.
+//!
+//! Every accepted connection must open with the HTTP/2 client preface within
+//! [`ListenerLimits::handshake_timeout`]; it is checked with `peek`, so the bytes stay for
+//! the gRPC server. A connection that sends something else (a Kafka client, HTTP/1, TLS)
+//! is closed and logged, one line per peer address at most every
+//! [`FOREIGN_LOG_INTERVAL`]; one that sends nothing or half a preface is closed when the
+//! timeout runs out, so slow or idle handshakes cannot pile up. At most
+//! [`ListenerLimits::connections_max`] connections are open at once (handshakes
+//! included); past that new ones are closed at once and counted in a rate-limited
+//! warning.
+//!
+//! Idle established connections are closed by the gRPC server's HTTP/2 keepalive (see
+//! the roles), not here.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tonic::transport::server::{Connected, TcpConnectInfo};
+
+/// The bytes every HTTP/2 client sends first.
+const HTTP2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// Shortest pause between two log lines about the same peer (or about refusals).
+pub const FOREIGN_LOG_INTERVAL: Duration = Duration::from_secs(60);
+/// Connections that passed the handshake and wait for the server to take them.
+const ACCEPTED_QUEUE: usize = 128;
+
+/// Limits of one listener.
+#[derive(Debug, Clone, Copy)]
+pub struct ListenerLimits {
+    /// Most connections open at once.
+    pub connections_max: usize,
+    /// Longest a new connection may take to send the HTTP/2 preface.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for ListenerLimits {
+    fn default() -> Self {
+        Self {
+            connections_max: 10_000,
+            handshake_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What the first bytes of a connection say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Preface {
+    /// The HTTP/2 preface (gRPC).
+    Http2,
+    /// A prefix of it: wait for more.
+    Partial,
+    /// Something else, with a guess of what.
+    Foreign(&'static str),
+}
+
+/// Classifies the first bytes of a connection (pure).
+pub fn classify(first: &[u8]) -> Preface {
+    let n = first.len().min(HTTP2_PREFACE.len());
+    if first[..n] == HTTP2_PREFACE[..n] {
+        return if n == HTTP2_PREFACE.len() {
+            Preface::Http2
+        } else {
+            Preface::Partial
+        };
+    }
+    let guess = match first {
+        [0x16, 0x03, ..] => "TLS (a client expecting TLS?)",
+        [b'G' | b'P' | b'H' | b'D' | b'O', ..] if first.contains(&b' ') => "HTTP/1",
+        // Kafka: a big-endian i32 size, then api_key i16 (< 100) and api_version i16.
+        [0, _, _, _, 0, key, 0, _, ..] if *key < 100 => {
+            "the Kafka protocol (a Kafka client on the gRPC port?)"
+        }
+        _ => "an unknown protocol",
+    };
+    Preface::Foreign(guess)
+}
+
+/// One accepted connection; holds its place under the connection limit until dropped.
+#[derive(Debug)]
+pub struct Conn {
+    stream: TcpStream,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Connected for Conn {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
+
+/// Rate-limited log lines, one key at a time.
+#[derive(Debug, Default)]
+struct LogLimiter {
+    last: Mutex<HashMap<String, Instant>>,
+}
+
+impl LogLimiter {
+    /// Whether a line about `key` may be logged now.
+    fn allow(&self, key: &str) -> bool {
+        let mut last = self.last.lock();
+        let now = Instant::now();
+        if last.len() > 1024 {
+            last.retain(|_, t| now.duration_since(*t) < FOREIGN_LOG_INTERVAL);
+        }
+        match last.get(key) {
+            Some(t) if now.duration_since(*t) < FOREIGN_LOG_INTERVAL => false,
+            _ => {
+                last.insert(key.to_owned(), now);
+                true
+            }
+        }
+    }
+}
+
+/// Accepts on `listener` until `cancel`, checking each connection as the module doc
+/// says; the stream yields the connections for the gRPC server.
+pub fn serve_incoming(
+    listener: TcpListener,
+    limits: ListenerLimits,
+    what: &'static str,
+    cancel: CancellationToken,
+) -> impl futures_util::Stream<Item = Result<Conn, std::io::Error>> {
+    let (tx, rx) = mpsc::channel(ACCEPTED_QUEUE);
+    let slots = Arc::new(Semaphore::new(limits.connections_max.max(1)));
+    let logs = Arc::new(LogLimiter::default());
+    tokio::spawn(async move {
+        let mut refused = 0u64;
+        loop {
+            let accepted = tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tx.closed() => return,
+                a = listener.accept() => a,
+            };
+            let (stream, peer) = match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // E.g. out of file descriptors: back off instead of spinning.
+                    if logs.allow("accept-error") {
+                        tracing::warn!(listener = what, error = %e, "accept failed");
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let Ok(permit) = slots.clone().try_acquire_owned() else {
+                refused += 1;
+                if logs.allow("limit") {
+                    tracing::warn!(
+                        listener = what,
+                        limit = limits.connections_max,
+                        refused_total = refused,
+                        "connection limit reached; closing new connections"
+                    );
+                }
+                drop(stream);
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            let (tx, logs) = (tx.clone(), logs.clone());
+            tokio::spawn(async move {
+                match handshake(&stream, limits.handshake_timeout).await {
+                    Ok(()) => {
+                        let _ = tx
+                            .send(Ok(Conn {
+                                stream,
+                                _permit: permit,
+                            }))
+                            .await;
+                    }
+                    Err(why) => {
+                        if logs.allow(&peer.ip().to_string()) {
+                            tracing::warn!(listener = what, %peer, "closing a connection that does not speak gRPC: {why}");
+                        }
+                    }
+                }
+            });
+        }
+    });
+    futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) })
+}
+
+/// Waits until `stream` has sent the HTTP/2 preface (peeking, so nothing is consumed).
+async fn handshake(stream: &TcpStream, timeout: Duration) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut buf = [0u8; HTTP2_PREFACE.len()];
+    loop {
+        let n = match tokio::time::timeout_at(deadline, stream.peek(&mut buf)).await {
+            Err(_) => {
+                return Err(format!(
+                    "no HTTP/2 preface within {} ms",
+                    timeout.as_millis()
+                ))
+            }
+            Ok(Err(e)) => return Err(format!("read failed: {e}")),
+            Ok(Ok(0)) => return Err("closed before the HTTP/2 preface".to_owned()),
+            Ok(Ok(n)) => n,
+        };
+        match classify(&buf[..n]) {
+            Preface::Http2 => return Ok(()),
+            Preface::Foreign(guess) => return Err(format!("it speaks {guess}")),
+            Preface::Partial => {
+                // peek returns what is buffered at once; wait a little for the rest.
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(format!(
+                        "only {n} bytes of the HTTP/2 preface within {} ms",
+                        timeout.as_millis()
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefaces_are_classified() {
+        assert_eq!(classify(HTTP2_PREFACE), Preface::Http2);
+        assert_eq!(classify(&HTTP2_PREFACE[..10]), Preface::Partial);
+        assert_eq!(classify(b""), Preface::Partial);
+        assert!(matches!(classify(b"GET / HTTP/1.1\r\n"), Preface::Foreign(g) if g == "HTTP/1"));
+        assert!(
+            matches!(classify(&[0x16, 0x03, 0x01, 0, 0]), Preface::Foreign(g) if g.starts_with("TLS"))
+        );
+        // A Kafka ApiVersions request: size, api_key 18, api_version 3, ...
+        let kafka = [0, 0, 0, 30, 0, 18, 0, 3, 0, 0, 0, 1];
+        assert!(matches!(classify(&kafka), Preface::Foreign(g) if g.contains("Kafka")));
+        assert!(matches!(classify(b"\x00\x01garbage"), Preface::Foreign(_)));
+    }
+
+    #[tokio::test]
+    async fn silent_and_foreign_connections_are_closed_and_grpc_passes() {
+        use futures_util::StreamExt;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cancel = CancellationToken::new();
+        let limits = ListenerLimits {
+            connections_max: 2,
+            handshake_timeout: Duration::from_millis(200),
+        };
+        let incoming = serve_incoming(listener, limits, "test", cancel.clone());
+        tokio::pin!(incoming);
+        // Half a preface, then silence: closed after the timeout.
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        silent.write_all(&HTTP2_PREFACE[..5]).await.unwrap();
+        let mut byte = [0u8; 1];
+        let n = tokio::time::timeout(Duration::from_secs(5), silent.read(&mut byte))
+            .await
+            .expect("closed by the handshake timeout")
+            .unwrap_or(0);
+        assert_eq!(n, 0);
+        // A Kafka client: closed at once.
+        let mut kafka = TcpStream::connect(addr).await.unwrap();
+        kafka
+            .write_all(&[0, 0, 0, 30, 0, 18, 0, 3, 0, 0])
+            .await
+            .unwrap();
+        let n = tokio::time::timeout(Duration::from_secs(5), kafka.read(&mut byte))
+            .await
+            .expect("closed")
+            .unwrap_or(0);
+        assert_eq!(n, 0);
+        // gRPC: handed on, bytes intact.
+        let mut good = TcpStream::connect(addr).await.unwrap();
+        good.write_all(HTTP2_PREFACE).await.unwrap();
+        let mut conn = tokio::time::timeout(Duration::from_secs(5), incoming.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let mut got = [0u8; 24];
+        conn.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got[..], HTTP2_PREFACE);
+        cancel.cancel();
+    }
+}
