@@ -38,14 +38,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn")),
-        )
-        .init();
+    cli::logging::init();
     let args = Cli::parse();
     let result = match &args.command {
         Command::Standalone(a) => cli::server_roles::run_standalone(a),

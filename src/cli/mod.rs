@@ -7,6 +7,7 @@ pub mod consume;
 pub mod controller;
 pub mod dump_log;
 pub mod groups;
+pub mod logging;
 pub mod perf;
 pub mod produce;
 pub mod server_roles;
