@@ -11,6 +11,8 @@ pub mod logging;
 pub mod perf;
 pub mod produce;
 pub mod server_roles;
+pub mod text;
+pub mod time_arg;
 pub mod topics;
 
 use std::fmt;
@@ -21,7 +23,7 @@ pub enum OutputFormat {
     /// Human-readable lines.
     #[default]
     Table,
-    /// One JSON object per line, in the shapes of `CLI.md`.
+    /// One JSON object per line, in the shapes of docs/cli.md.
     Json,
 }
 
