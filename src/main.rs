@@ -2,8 +2,14 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use tidelog::cli;
+
+/// What every `--help` ends with.
+const AFTER_HELP: &str = "\
+Exit codes: 0 success; 1 the command failed (one line on stderr: error: <CODE>: <why>);
+2 usage error (unknown flag, missing or malformed value).
+The command-line contract (flags, table and JSON output) is docs/cli.md in the source tree.";
 
 /// tidelog: a Kafka-style, partition-replicated log service.
 #[derive(Debug, Parser)]
@@ -39,16 +45,16 @@ enum Command {
     Repair(cli::repair::RepairArgs),
 }
 
+/// `cmd` and every subcommand under it, each `--help` ending with [`AFTER_HELP`].
+fn with_after_help(cmd: clap::Command) -> clap::Command {
+    cmd.after_help(AFTER_HELP).mut_subcommands(with_after_help)
+}
+
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn")),
-        )
-        .init();
-    let args = Cli::parse();
+    cli::logging::init();
+    // clap exits with 2 on usage errors (0 for --help and --version).
+    let matches = with_after_help(Cli::command()).get_matches();
+    let args = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let result = match &args.command {
         Command::Standalone(a) => cli::server_roles::run_standalone(a),
         Command::Broker(a) => cli::server_roles::run_broker(a),

@@ -60,5 +60,34 @@ impl fmt::Display for BrokerId {
     }
 }
 
+/// Displays a list of broker ids as `[1, 2, 3]`, for log fields (`isr = %BrokerIds(&isr)`),
+/// where `?isr` would print `[BrokerId(1), BrokerId(2), BrokerId(3)]`.
+pub struct BrokerIds<'a>(pub &'a [BrokerId]);
+
+impl fmt::Display for BrokerIds<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[")?;
+        for (i, b) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            b.fmt(f)?;
+        }
+        f.write_str("]")
+    }
+}
+
 /// A controller's id in the Raft quorum (`--node-id`).
 pub type NodeId = u64;
+
+#[cfg(test)]
+mod broker_ids_tests {
+    use super::*;
+
+    #[test]
+    fn broker_id_lists_display_as_plain_numbers() {
+        let isr = [BrokerId(1), BrokerId(2), BrokerId(3)];
+        assert_eq!(BrokerIds(&isr).to_string(), "[1, 2, 3]");
+        assert_eq!(BrokerIds(&[]).to_string(), "[]");
+    }
+}

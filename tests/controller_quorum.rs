@@ -720,3 +720,75 @@ async fn raft_log_stays_bounded_by_the_snapshot_policy() {
     let t = topic(&admin(c.live_addresses()), "churn").await;
     assert_eq!(t.config["retention.ms"].len(), 6, "{:?}", t.config);
 }
+
+/// The lines of `text` after the first `skip` bytes.
+fn lines_after(text: &str, skip: usize) -> Vec<String> {
+    text.get(skip..)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_peer_controller_is_logged_once_and_its_return_once() {
+    let mut c = Controllers::start(3, &[]);
+    let leader = wait_for_leader(&c).await;
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let leader_proc = |c: &Controllers| c.procs[leader as usize - 1].as_ref().unwrap().stderr();
+    let before = leader_proc(&c).len();
+
+    c.kill9(follower);
+    let gone = format!("peer={follower}");
+    eventually(
+        "the leader notices the dead peer",
+        Duration::from_secs(10),
+        || {
+            let text = leader_proc(&c);
+            let seen = lines_after(&text, before)
+                .iter()
+                .any(|l| l.contains("controller peer not answering") && l.contains(&gone));
+            async move { seen.then_some(()) }
+        },
+    )
+    .await;
+    // openraft retries the dead peer every 500 ms: give it a dozen retries to log.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let during = lines_after(&leader_proc(&c), before);
+    let loud: Vec<&String> = during
+        .iter()
+        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+        .collect();
+    assert_eq!(
+        during
+            .iter()
+            .filter(|l| l.contains("controller peer not answering"))
+            .count(),
+        1,
+        "{during:#?}"
+    );
+    assert!(
+        loud.len() <= 3,
+        "{} WARN/ERROR lines: {loud:#?}",
+        loud.len()
+    );
+    assert!(
+        during.iter().all(|l| l.len() <= 300),
+        "long lines: {during:#?}"
+    );
+
+    let mark = leader_proc(&c).len();
+    c.start_node(follower);
+    eventually(
+        "the leader logs the peer's return",
+        Duration::from_secs(10),
+        || {
+            let back = lines_after(&leader_proc(&c), mark)
+                .iter()
+                .filter(|l| l.contains("controller peer answering again") && l.contains(&gone))
+                .count();
+            async move { (back == 1).then_some(()) }
+        },
+    )
+    .await;
+}

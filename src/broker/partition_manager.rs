@@ -159,7 +159,9 @@ impl PartitionManager {
                 source,
             })?;
         }
-        tracing::info!(partition = %format!("{topic}-{partition}"), log_end_offset = log.log_end_offset().0, "partition opened");
+        // Per partition at debug: the loader logs what it recovered, and the replica manager one
+        // line per topic for the roles taken.
+        tracing::debug!(partition = %format!("{topic}-{partition}"), log_end_offset = log.log_end_offset().0, "partition opened");
         Ok(LocalPartition::new(topic, topic_id, partition, log))
     }
 

@@ -3,7 +3,7 @@
 //! leaders decide to the controllers, and runs the periodic work on logs: the ISR lag
 //! check, time-based flushes, checkpoints and retention.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,7 +18,7 @@ use super::partition_manager::{LocalPartition, PartitionManager};
 use crate::controller::model::PartitionRecord;
 use crate::replication::fetcher::{Fetcher, FetcherConfig, PartitionLookup};
 use crate::replication::{IsrChange, PartitionAssignment};
-use crate::types::{BrokerId, LeaderEpoch};
+use crate::types::{BrokerId, BrokerIds, LeaderEpoch};
 
 /// Replication settings of a broker.
 #[derive(Debug, Clone)]
@@ -52,6 +52,51 @@ impl Default for ReplicationSettings {
 
 /// A stored partition and what the metadata says of it (topic id and record).
 type Decision = (Arc<LocalPartition>, Option<(String, PartitionRecord)>);
+
+/// The partitions of one topic whose role on this broker changed in one metadata update.
+#[derive(Default)]
+struct RoleChanges {
+    leader: Vec<u32>,
+    follower: Vec<u32>,
+}
+
+impl RoleChanges {
+    /// One INFO line per role: `became leader topic=t partitions=0-49`.
+    fn log(&mut self, topic: &str) {
+        if !self.leader.is_empty() {
+            self.leader.sort_unstable();
+            tracing::info!(topic, partitions = %partition_ranges(&self.leader), count = self.leader.len(), "became leader");
+        }
+        if !self.follower.is_empty() {
+            self.follower.sort_unstable();
+            tracing::info!(topic, partitions = %partition_ranges(&self.follower), count = self.follower.len(), "became follower");
+        }
+    }
+}
+
+/// Sorted partition numbers as ranges: `[0, 1, 2, 5, 7, 8]` -> `0-2,5,7-8`.
+fn partition_ranges(sorted: &[u32]) -> String {
+    let mut out = String::new();
+    let mut i = 0;
+    while i < sorted.len() {
+        let start = sorted[i];
+        let mut end = start;
+        while i + 1 < sorted.len() && sorted[i + 1] == end + 1 {
+            i += 1;
+            end = sorted[i];
+        }
+        if !out.is_empty() {
+            out.push(',');
+        }
+        if end == start {
+            out.push_str(&start.to_string());
+        } else {
+            out.push_str(&format!("{start}-{end}"));
+        }
+        i += 1;
+    }
+    out
+}
 
 /// Where a partition's role is decided to go.
 struct Following {
@@ -110,6 +155,9 @@ impl ReplicaManager {
         let following = tokio::task::spawn_blocking(move || {
             let now = now_ms();
             let mut following = Vec::new();
+            // Role changes per topic, logged as one line each (a topic may have thousands
+            // of partitions; the per-partition lines are at debug).
+            let mut changed: BTreeMap<String, RoleChanges> = BTreeMap::new();
             for (lp, assigned) in decisions {
                 let Some((topic_id, p)) = assigned.filter(|(id, _)| *id == lp.topic_id) else {
                     lp.become_idle();
@@ -124,12 +172,27 @@ impl ReplicaManager {
                             replicas: p.replicas.clone(),
                             isr: p.isr.clone(),
                         };
-                        if let Err(e) = lp.become_leader(me, &assignment, now) {
-                            tracing::error!(partition = %lp.name(), error = %e, "cannot take over leadership");
+                        match lp.become_leader(me, &assignment, now) {
+                            Ok(true) => changed
+                                .entry(lp.topic.clone())
+                                .or_default()
+                                .leader
+                                .push(lp.partition),
+                            Ok(false) => {}
+                            Err(e) => {
+                                tracing::error!(partition = %lp.name(), error = %e, "cannot take over leadership");
+                            }
                         }
                     }
                     Some(leader) if p.replicas.contains(&me) => {
                         let restart = lp.become_follower(leader, epoch);
+                        if restart {
+                            changed
+                                .entry(lp.topic.clone())
+                                .or_default()
+                                .follower
+                                .push(lp.partition);
+                        }
                         following.push(Following {
                             topic: lp.topic.clone(),
                             topic_id,
@@ -143,6 +206,9 @@ impl ReplicaManager {
                         lp.become_idle();
                     }
                 }
+            }
+            for (topic, c) in &mut changed {
+                c.log(topic);
             }
             following
         })
@@ -240,7 +306,7 @@ impl ReplicaManager {
                         lp.isr_change_done(&change, Some((p.isr, p.partition_epoch)), now_ms());
                     }
                     Err(e) => {
-                        tracing::info!(partition = %lp.name(), proposed = ?change.new_isr, error = %e, "ISR change refused");
+                        tracing::info!(partition = %lp.name(), proposed = %BrokerIds(&change.new_isr), error = %e, "ISR change refused");
                         lp.isr_change_done(&change, None, now_ms());
                     }
                 }
@@ -298,5 +364,18 @@ impl ReplicaManager {
         for (_, fetcher) in self.fetchers.lock().await.drain() {
             fetcher.stop();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::partition_ranges;
+
+    #[test]
+    fn partition_lists_collapse_into_ranges() {
+        assert_eq!(partition_ranges(&[]), "");
+        assert_eq!(partition_ranges(&[3]), "3");
+        assert_eq!(partition_ranges(&(0..50).collect::<Vec<_>>()), "0-49");
+        assert_eq!(partition_ranges(&[0, 1, 2, 5, 7, 8]), "0-2,5,7-8");
     }
 }

@@ -6,10 +6,10 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Map, Value};
+use serde_json::json;
 
 use super::client_args::{block_on, ClientArgs};
-use super::dump_log::bytes_json;
+use super::text::{headers_json, headers_table, json_bytes, table_text};
 use super::{CliError, OutputFormat};
 use crate::client::consumer::{Consumer, ConsumerRecord, StartAt};
 use crate::client::group_consumer::{GroupConfig, GroupConsumer, OffsetReset};
@@ -94,15 +94,15 @@ pub struct ConsumeArgs {
     /// Print the partition and offset before the value (table output).
     #[arg(long)]
     print_offset: bool,
+    /// Print the record's timestamp before the value, as `CreateTime:<ms>` (table output).
+    #[arg(long)]
+    print_timestamp: bool,
+    /// Print the record's headers before the value, as `k1:v1,k2:v2` or `NO_HEADERS`
+    /// (table output).
+    #[arg(long)]
+    print_headers: bool,
     #[command(flatten)]
     client: ClientArgs,
-}
-
-fn text(b: &Option<bytes::Bytes>) -> String {
-    match b {
-        None => "null".to_owned(),
-        Some(b) => String::from_utf8_lossy(b).into_owned(),
-    }
 }
 
 /// Runs `tidelog consume`.
@@ -166,34 +166,18 @@ pub fn run(args: &ConsumeArgs) -> Result<(), CliError> {
             for (i, r) in records.iter().enumerate() {
                 match output {
                     OutputFormat::Json => {
-                        let headers: Map<String, Value> = r
-                            .headers
-                            .iter()
-                            .map(|(k, v)| (k.clone(), bytes_json(v.as_deref())))
-                            .collect();
                         println!(
                             "{}",
                             json!({
                                 "topic": r.topic, "partition": r.partition, "offset": r.offset,
                                 "timestamp": r.timestamp_ms,
-                                "key": bytes_json(r.key.as_deref()),
-                                "value": bytes_json(r.value.as_deref()),
-                                "headers": headers,
+                                "key": json_bytes(r.key.as_deref()),
+                                "value": json_bytes(r.value.as_deref()),
+                                "headers": headers_json(&r.headers),
                             })
                         );
                     }
-                    OutputFormat::Table => {
-                        let mut line = String::new();
-                        if args.print_offset {
-                            line.push_str(&format!("{}:{}\t", r.partition, r.offset));
-                        }
-                        if args.print_key {
-                            line.push_str(&text(&r.key));
-                            line.push('\t');
-                        }
-                        line.push_str(&text(&r.value));
-                        println!("{line}");
-                    }
+                    OutputFormat::Table => println!("{}", table_line(args, r)),
                 }
                 printed += 1;
                 if args.max_messages.is_some_and(|m| printed >= m) {
@@ -207,4 +191,26 @@ pub fn run(args: &ConsumeArgs) -> Result<(), CliError> {
             }
         }
     })?
+}
+
+/// One record as a table line: the fields asked for, tab-separated, in
+/// kafka-console-consumer's order (timestamp, partition:offset, headers, key, value).
+fn table_line(args: &ConsumeArgs, r: &ConsumerRecord) -> String {
+    let mut line = String::new();
+    if args.print_timestamp {
+        line.push_str(&format!("CreateTime:{}\t", r.timestamp_ms));
+    }
+    if args.print_offset {
+        line.push_str(&format!("{}:{}\t", r.partition, r.offset));
+    }
+    if args.print_headers {
+        line.push_str(&headers_table(&r.headers));
+        line.push('\t');
+    }
+    if args.print_key {
+        line.push_str(&table_text(r.key.as_deref()));
+        line.push('\t');
+    }
+    line.push_str(&table_text(r.value.as_deref()));
+    line
 }

@@ -7,10 +7,13 @@ pub mod consume;
 pub mod controller;
 pub mod dump_log;
 pub mod groups;
+pub mod logging;
 pub mod perf;
 pub mod produce;
 pub mod repair;
 pub mod server_roles;
+pub mod text;
+pub mod time_arg;
 pub mod topics;
 
 use std::fmt;
@@ -21,7 +24,7 @@ pub enum OutputFormat {
     /// Human-readable lines.
     #[default]
     Table,
-    /// One JSON object per line, in the shapes of `CLI.md`.
+    /// One JSON object per line, in the shapes of docs/cli.md.
     Json,
 }
 

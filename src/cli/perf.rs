@@ -2,6 +2,7 @@
 //! progress line every second on stderr; a summary at the end (records/s, MB/s and, for
 //! produce, latency percentiles from send to acknowledgement).
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -12,6 +13,7 @@ use super::produce::parse_acks;
 use super::{CliError, OutputFormat};
 use crate::client::consumer::{Consumer, StartAt};
 use crate::client::group_consumer::{GroupConfig, GroupConsumer, OffsetReset};
+use crate::client::groups::GroupsAdmin;
 use crate::client::producer::{Producer, ProducerConfig, ProducerRecord};
 
 /// `tidelog perf ...`.
@@ -49,12 +51,13 @@ enum PerfCommand {
         #[arg(long, default_value_t = 5)]
         linger_ms: u64,
     },
-    /// Consume records from the beginning and measure throughput.
+    /// Consume records from the beginning and measure throughput; stops after
+    /// --num-records, or when every partition read is at its end.
     Consume {
         /// The topic.
         #[arg(long)]
         topic: String,
-        /// Stop after this many records.
+        /// Stop after this many records (or earlier, when the topic is drained).
         #[arg(long)]
         num_records: u64,
         /// Consume as a member of this group (partitions from the coordinator, from the
@@ -251,6 +254,51 @@ enum PerfSource {
     Group(GroupConsumer),
 }
 
+/// How `perf consume` ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ConsumeEnd {
+    /// `--num-records` were read.
+    Count,
+    /// Every partition read was at its end (the high watermark, checked twice).
+    Drained,
+    /// `--idle-ms` passed without a record.
+    Idle,
+}
+
+impl ConsumeEnd {
+    fn as_str(self) -> &'static str {
+        match self {
+            ConsumeEnd::Count => "count",
+            ConsumeEnd::Drained => "drained",
+            ConsumeEnd::Idle => "idle",
+        }
+    }
+}
+
+/// The high watermark of each partition of `topic`.
+async fn end_offsets(
+    consumer: &Consumer,
+    topic: &str,
+    partitions: u32,
+) -> Result<BTreeMap<(String, u32), i64>, CliError> {
+    let mut ends = BTreeMap::new();
+    for p in 0..partitions {
+        ends.insert(
+            (topic.to_owned(), p),
+            consumer.list_offset(topic, p, -1).await?,
+        );
+    }
+    Ok(ends)
+}
+
+/// True when every partition in `positions` has reached its end in `ends`.
+fn caught_up<'a>(
+    mut positions: impl Iterator<Item = (&'a (String, u32), i64)>,
+    ends: &BTreeMap<(String, u32), i64>,
+) -> bool {
+    positions.all(|(tp, next)| ends.get(tp).is_none_or(|end| next >= *end))
+}
+
 async fn consume(
     bootstrap: Vec<String>,
     timeout: Duration,
@@ -259,21 +307,40 @@ async fn consume(
     group: Option<String>,
     output: OutputFormat,
 ) -> Result<(), CliError> {
-    let mut source = match group {
-        Some(group) => PerfSource::Group(GroupConsumer::new(
-            bootstrap,
-            GroupConfig {
-                group,
-                topics: vec![topic.to_owned()],
-                auto_offset_reset: OffsetReset::Earliest,
-                client_id: format!("tidelog-perf-{}", std::process::id()),
-                session_timeout: Duration::from_secs(10),
-                ..GroupConfig::default()
-            },
-        )),
+    // Offsets are looked up with a plain consumer in both modes.
+    let lookup = Consumer::new(bootstrap.clone(), timeout);
+    let partitions = lookup.partition_count(topic).await?;
+    let mut ends = end_offsets(&lookup, topic, partitions).await?;
+    // Next offset to read per partition; for a group member, from the group's committed
+    // offsets (or the earliest) of the partitions it is given.
+    let mut next: BTreeMap<(String, u32), i64> = BTreeMap::new();
+    let mut source = match &group {
+        Some(group) => {
+            let admin = GroupsAdmin::new(bootstrap.clone(), timeout);
+            let committed = super::groups::committed_offsets(&admin, group).await?;
+            for p in 0..partitions {
+                let tp = (topic.to_owned(), p);
+                let start = match committed.get(&tp) {
+                    Some(o) => *o,
+                    None => lookup.list_offset(topic, p, -2).await?,
+                };
+                next.insert(tp, start);
+            }
+            PerfSource::Group(GroupConsumer::new(
+                bootstrap,
+                GroupConfig {
+                    group: group.clone(),
+                    topics: vec![topic.to_owned()],
+                    auto_offset_reset: OffsetReset::Earliest,
+                    client_id: format!("tidelog-perf-{}", std::process::id()),
+                    session_timeout: Duration::from_secs(10),
+                    ..GroupConfig::default()
+                },
+            ))
+        }
         None => {
             let mut consumer = Consumer::new(bootstrap, timeout);
-            for p in 0..consumer.partition_count(topic).await? {
+            for p in 0..partitions {
                 consumer.assign(topic, p, StartAt::Earliest).await?;
             }
             PerfSource::Assigned(consumer)
@@ -282,25 +349,54 @@ async fn consume(
     let start = Instant::now();
     let (mut records, mut bytes) = (0u64, 0u64);
     let mut last_report = Instant::now();
+    let (mut records_at_report, mut bytes_at_report) = (0u64, 0u64);
     let mut last_data = Instant::now();
-    while records < num_records {
+    let end = loop {
+        if records >= num_records {
+            break ConsumeEnd::Count;
+        }
         let batch = match &mut source {
             PerfSource::Assigned(c) => c.poll(Duration::from_millis(500)).await?,
             PerfSource::Group(g) => g.poll(Duration::from_millis(500)).await?,
         };
-        if batch.is_empty() && records > 0 && idle.is_some_and(|i| last_data.elapsed() >= i) {
-            break;
-        }
-        if batch.is_empty() && last_data.elapsed() > timeout {
-            return Err(CliError::new(
-                "REQUEST_TIMED_OUT",
-                format!(
-                    "only {records} of {num_records} records arrived; none for {} ms",
-                    timeout.as_millis()
-                ),
-            ));
-        }
-        if !batch.is_empty() {
+        if batch.is_empty() {
+            // At the end of what we read? Check against fresh ends before stopping, so
+            // records produced meanwhile are still read.
+            let at_end = match &source {
+                PerfSource::Assigned(c) => {
+                    caught_up(c.positions().iter().map(|(k, v)| (k, *v)), &ends)
+                }
+                PerfSource::Group(g) => {
+                    let owned = g.assignment();
+                    !owned.is_empty()
+                        && caught_up(
+                            next.iter()
+                                .filter(|(tp, _)| owned.contains(*tp))
+                                .map(|(k, v)| (k, *v)),
+                            &ends,
+                        )
+                }
+            };
+            if at_end {
+                let fresh = end_offsets(&lookup, topic, partitions).await?;
+                if fresh == ends {
+                    break ConsumeEnd::Drained;
+                }
+                ends = fresh;
+            }
+            if records > 0 && idle.is_some_and(|i| last_data.elapsed() >= i) {
+                break ConsumeEnd::Idle;
+            }
+            if last_data.elapsed() > timeout {
+                return Err(CliError::new(
+                    "REQUEST_TIMED_OUT",
+                    format!(
+                        "only {records} of {num_records} records arrived and the topic is not at its end; none for {} ms",
+                        timeout.as_millis()
+                    ),
+                ));
+            }
+        } else {
             last_data = Instant::now();
         }
         for r in batch {
@@ -308,19 +404,25 @@ async fn consume(
                 break;
             }
             records += 1;
+            next.insert((r.topic.clone(), r.partition), r.offset + 1);
             bytes += r.value.map_or(0, |v| v.len() as u64) + r.key.map_or(0, |k| k.len() as u64);
         }
         if last_report.elapsed() >= Duration::from_secs(1) {
+            // The rate of the last interval, not the average since the start (which decays
+            // while the topic is idle).
+            let secs = last_report.elapsed().as_secs_f64();
             eprintln!(
-                "{records} records consumed, {:.0} records/s",
-                records as f64 / start.elapsed().as_secs_f64()
+                "{records} records consumed, {:.0} records/s ({:.1} MB/s)",
+                (records - records_at_report) as f64 / secs,
+                (bytes - bytes_at_report) as f64 / 1e6 / secs
             );
             last_report = Instant::now();
+            (records_at_report, bytes_at_report) = (records, bytes);
         }
-    }
-    let secs = if records < num_records {
-        // Stopped by --idle-ms: the time until the last record.
-        last_data.duration_since(start).as_secs_f64()
+    };
+    // The time spent reading: until the last record (not the final checks for more).
+    let secs = if records > 0 {
+        last_data.duration_since(start).as_secs_f64().max(1e-3)
     } else {
         start.elapsed().as_secs_f64()
     };
@@ -332,13 +434,19 @@ async fn consume(
         "seconds": secs,
         "records_per_sec": records as f64 / secs,
         "mb_per_sec": bytes as f64 / 1e6 / secs,
+        "end": end.as_str(),
     });
     match output {
         OutputFormat::Json => println!("{summary}"),
         OutputFormat::Table => println!(
-            "{records} records consumed in {secs:.2} s, {:.1} records/sec ({:.2} MB/sec).",
+            "{records} records consumed in {secs:.2} s, {:.1} records/sec ({:.2} MB/sec){}.",
             records as f64 / secs,
-            bytes as f64 / 1e6 / secs
+            bytes as f64 / 1e6 / secs,
+            match end {
+                ConsumeEnd::Count => "",
+                ConsumeEnd::Drained => "; the topic is drained",
+                ConsumeEnd::Idle => "; stopped after --idle-ms without records",
+            }
         ),
     }
     Ok(())

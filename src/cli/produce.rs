@@ -6,7 +6,7 @@ use std::io::BufRead;
 use bytes::Bytes;
 use serde_json::json;
 
-use super::client_args::{block_on, parse_pairs, ClientArgs};
+use super::client_args::{block_on, ClientArgs};
 use super::{CliError, OutputFormat};
 use crate::client::producer::{Producer, ProducerConfig, ProducerRecord};
 
@@ -31,7 +31,7 @@ pub struct ProduceArgs {
     /// 0, 1 or all.
     #[arg(long, default_value = "all")]
     acks: String,
-    /// A header for every record as key=value (repeatable).
+    /// A header for every record as key=value (repeatable; order and repeated keys kept).
     #[arg(long = "header")]
     headers: Vec<String>,
     /// How long a record may take to be acknowledged, retries included (ms).
@@ -63,10 +63,18 @@ pub fn parse_acks(acks: &str) -> Result<i32, CliError> {
 /// Runs `tidelog produce`.
 pub fn run(args: &ProduceArgs) -> Result<(), CliError> {
     let acks = parse_acks(&args.acks)?;
-    let headers: Vec<(String, Option<Bytes>)> = parse_pairs("--header", &args.headers)?
-        .into_iter()
-        .map(|(k, v)| (k, Some(Bytes::from(v))))
-        .collect();
+    // In the order given, repeated keys kept: headers are a list, not a map.
+    let headers: Vec<(String, Option<Bytes>)> = args
+        .headers
+        .iter()
+        .map(|h| match h.split_once('=') {
+            Some((k, v)) => Ok((k.trim().to_owned(), Some(Bytes::from(v.trim().to_owned())))),
+            None => Err(CliError::new(
+                "INVALID_REQUEST",
+                format!("--header '{h}' is not key=value"),
+            )),
+        })
+        .collect::<Result<_, _>>()?;
     let config = ProducerConfig {
         acks,
         batch_size: args.batch_size,

@@ -3,9 +3,13 @@
 use serde_json::{json, Value};
 
 use super::client_args::{block_on, parse_pairs, ClientArgs};
+use super::text::count;
 use super::{CliError, OutputFormat};
-use crate::api::proto::{AlterTopicRequest, PartitionReassignment, TopicDescription, TopicState};
+use crate::api::proto::{
+    AlterTopicRequest, PartitionReassignment, PartitionState, TopicDescription, TopicState,
+};
 use crate::client::AdminClient;
+use crate::error_code::ErrorCode;
 
 /// `tidelog topics ...`.
 #[derive(Debug, clap::Args)]
@@ -32,6 +36,10 @@ enum TopicsCommand {
         /// A topic setting as key=value (repeatable), e.g. retention.ms=86400000.
         #[arg(long = "config")]
         config: Vec<String>,
+        /// Succeed without changing anything when the topic already exists (its settings
+        /// are not compared with the flags).
+        #[arg(long)]
+        if_not_exists: bool,
     },
     /// List topics.
     List,
@@ -40,6 +48,12 @@ enum TopicsCommand {
         /// The topic (default: every topic).
         #[arg(long)]
         topic: Option<String>,
+        /// Only partitions whose ISR is smaller than their replica set.
+        #[arg(long, conflicts_with = "unavailable_partitions")]
+        under_replicated_partitions: bool,
+        /// Only partitions without a leader.
+        #[arg(long)]
+        unavailable_partitions: bool,
     },
     /// Add partitions or change settings.
     Alter {
@@ -73,6 +87,9 @@ enum TopicsCommand {
         /// The topic.
         #[arg(long)]
         topic: String,
+        /// Succeed when the topic does not exist.
+        #[arg(long)]
+        if_exists: bool,
     },
 }
 
@@ -87,13 +104,26 @@ pub fn run(args: &TopicsArgs) -> Result<(), CliError> {
                 partitions,
                 replication_factor,
                 config,
+                if_not_exists,
             } => {
                 let config = parse_pairs("--config", config)?;
-                let r = client
+                match client
                     .create_topic(topic, *partitions, *replication_factor, config)
-                    .await?;
-                let t = r.topic.unwrap_or_default();
-                print_summary(output, "Created", &t);
+                    .await
+                {
+                    Ok(r) => print_summary(output, "Created", &r.topic.unwrap_or_default()),
+                    Err(e) if *if_not_exists && e.code == ErrorCode::TopicAlreadyExists => {
+                        let existing = client.describe_topics(vec![topic.clone()]).await?;
+                        let t = existing
+                            .topics
+                            .into_iter()
+                            .next()
+                            .and_then(|d| d.topic)
+                            .unwrap_or_default();
+                        print_summary(output, "Kept existing", &t);
+                    }
+                    Err(e) => return Err(e.into()),
+                }
             }
             TopicsCommand::List => {
                 let r = client.list_topics().await?;
@@ -116,9 +146,18 @@ pub fn run(args: &TopicsArgs) -> Result<(), CliError> {
                     }
                 }
             }
-            TopicsCommand::Describe { topic } => {
+            TopicsCommand::Describe {
+                topic,
+                under_replicated_partitions,
+                unavailable_partitions,
+            } => {
                 let names = topic.iter().cloned().collect();
-                let topics = client.describe_topics_with_offsets(names).await?;
+                let mut topics = client.describe_topics_with_offsets(names).await?;
+                if *under_replicated_partitions {
+                    topics = only_partitions(topics, |p| p.isr.len() < p.replicas.len());
+                } else if *unavailable_partitions {
+                    topics = only_partitions(topics, |p| p.leader.is_none());
+                }
                 print_descriptions(output, &topics);
             }
             TopicsCommand::Alter {
@@ -159,16 +198,24 @@ pub fn run(args: &TopicsArgs) -> Result<(), CliError> {
                     .await?;
                 match output {
                     OutputFormat::Json => println!("{}", json!({"elected": r.elected})),
-                    OutputFormat::Table => {
-                        println!("Preferred leader elected for {} partition(s).", r.elected)
-                    }
+                    OutputFormat::Table => println!(
+                        "Preferred leader elected for {}.",
+                        count(r.elected as usize, "partition", "partitions")
+                    ),
                 }
             }
-            TopicsCommand::Delete { topic } => {
-                client.delete_topic(topic).await?;
-                match output {
-                    OutputFormat::Json => println!("{}", json!({"name": topic, "deleted": true})),
-                    OutputFormat::Table => println!("Deleted topic {topic}."),
+            TopicsCommand::Delete { topic, if_exists } => {
+                let deleted = match client.delete_topic(topic).await {
+                    Ok(_) => true,
+                    Err(e) if *if_exists && e.code == ErrorCode::UnknownTopicOrPartition => false,
+                    Err(e) => return Err(e.into()),
+                };
+                match (output, deleted) {
+                    (OutputFormat::Json, _) => {
+                        println!("{}", json!({"name": topic, "deleted": deleted}))
+                    }
+                    (OutputFormat::Table, true) => println!("Deleted topic {topic}."),
+                    (OutputFormat::Table, false) => println!("Topic {topic} does not exist."),
                 }
             }
         }
@@ -176,20 +223,51 @@ pub fn run(args: &TopicsArgs) -> Result<(), CliError> {
     })?
 }
 
+/// One line about a created, kept or altered topic; JSON says `created` for `Created` and
+/// `Kept existing` (`--if-not-exists`).
 fn print_summary(output: OutputFormat, verb: &str, t: &TopicState) {
     match output {
-        OutputFormat::Json => println!(
-            "{}",
-            json!({"name": t.name, "id": t.id, "partitions": t.partitions.len(),
-                   "replication_factor": t.replication_factor, "config": t.config})
-        ),
+        OutputFormat::Json => {
+            let mut v = json!({"name": t.name, "id": t.id, "partitions": t.partitions.len(),
+                   "replication_factor": replication_factor(t), "config": t.config});
+            if verb != "Altered" {
+                v["created"] = json!(verb == "Created");
+            }
+            println!("{v}")
+        }
         OutputFormat::Table => println!(
-            "{verb} topic {} ({} partitions, replication factor {}).",
+            "{verb} topic {} ({}, replication factor {}).",
             t.name,
-            t.partitions.len(),
-            t.replication_factor
+            count(t.partitions.len(), "partition", "partitions"),
+            replication_factor(t)
         ),
     }
+}
+
+/// The replication factor a topic has now: its partitions' replica count, without the
+/// replicas a running reassignment is removing (the topic's creation-time setting goes stale
+/// once partitions are reassigned to more or fewer brokers).
+pub fn replication_factor(t: &TopicState) -> u32 {
+    t.partitions
+        .iter()
+        .map(|p| p.replicas.len().saturating_sub(p.removing_replicas.len()) as u32)
+        .max()
+        .unwrap_or(t.replication_factor)
+}
+
+/// `topics` with only the partitions that `keep` accepts; topics left without any dropped.
+fn only_partitions(
+    topics: Vec<TopicDescription>,
+    keep: impl Fn(&PartitionState) -> bool,
+) -> Vec<TopicDescription> {
+    topics
+        .into_iter()
+        .filter_map(|mut d| {
+            let t = d.topic.as_mut()?;
+            t.partitions.retain(|p| keep(p));
+            (!t.partitions.is_empty()).then_some(d)
+        })
+        .collect()
 }
 
 /// Parses `P=B1,B2,...`.
@@ -249,7 +327,7 @@ pub fn print_descriptions(output: OutputFormat, topics: &[TopicDescription]) {
                     t.name,
                     t.id,
                     t.partitions.len(),
-                    t.replication_factor,
+                    replication_factor(&t),
                     config
                 );
                 for p in &t.partitions {
@@ -307,7 +385,7 @@ fn description_json(d: &TopicDescription) -> Value {
     json!({
         "name": t.name,
         "id": t.id,
-        "replication_factor": t.replication_factor,
+        "replication_factor": replication_factor(&t),
         "partitions": partitions,
         "config": t.config,
     })

@@ -3,8 +3,16 @@
 //!
 //! Each peer gets one lazily connected channel; a failed connection surfaces as
 //! `Unreachable` so openraft backs off, and a peer's Raft error comes back as `RemoteError`.
+//!
+//! Logging: openraft retries an unreachable peer every 500 ms and reports each failure
+//! itself (an ERROR line of several hundred characters each time); those reports are
+//! filtered out (see `cli::logging`) and this module logs what an operator needs instead:
+//! one WARN when a peer stops answering and one INFO when it answers again
+//! ([`PeerHealth`]).
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use openraft::error::{
     InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
@@ -27,15 +35,75 @@ use crate::types::NodeId;
 /// How long a new connection to a peer may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
+/// Longest error text kept in a log line or in the error handed to openraft.
+const ERROR_CHARS_MAX: usize = 160;
+
 /// Creates one [`PeerConnection`] per target controller.
 #[derive(Debug, Clone, Default)]
-pub struct Network;
+pub struct Network {
+    health: Arc<PeerHealth>,
+}
+
+/// Whether each peer answered its last RPC, shared by every connection to it (openraft
+/// makes a new one per replication stream and per election), so that a peer going away
+/// is logged once, not once per failed RPC.
+#[derive(Debug, Default)]
+pub struct PeerHealth {
+    /// Peers whose last RPC failed, with when they stopped answering.
+    down_since: parking_lot::Mutex<HashMap<NodeId, Instant>>,
+}
+
+impl PeerHealth {
+    /// Records a failed RPC; logs a WARN only when `target` was answering until now.
+    /// Returns true when that happened (a transition).
+    pub fn failed(&self, target: NodeId, address: &str, error: &str) -> bool {
+        let newly_down = {
+            let mut down = self.down_since.lock();
+            match down.entry(target) {
+                std::collections::hash_map::Entry::Occupied(_) => false,
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(Instant::now());
+                    true
+                }
+            }
+        };
+        if newly_down {
+            tracing::warn!(peer = target, %address, %error, "controller peer not answering; retrying quietly until it does");
+        }
+        newly_down
+    }
+
+    /// Records an answer; logs an INFO only when `target` had stopped answering.
+    /// Returns true when that happened (a transition).
+    pub fn answered(&self, target: NodeId, address: &str) -> bool {
+        let since = self.down_since.lock().remove(&target);
+        if let Some(since) = since {
+            tracing::info!(peer = target, %address, down_ms = since.elapsed().as_millis() as u64, "controller peer answering again");
+        }
+        since.is_some()
+    }
+}
+
+/// `text` cut to [`ERROR_CHARS_MAX`] characters, on one line.
+fn short(text: &str) -> String {
+    let line = text.lines().next().unwrap_or_default();
+    match line.char_indices().nth(ERROR_CHARS_MAX) {
+        Some((i, _)) => format!("{}...", &line[..i]),
+        None => line.to_owned(),
+    }
+}
+
+/// A gRPC failure in few words: the code and the first line of the message.
+fn describe_status(status: &tonic::Status) -> String {
+    short(&format!("{:?}: {}", status.code(), status.message()))
+}
 
 /// The Raft RPC client of one peer controller.
 pub struct PeerConnection {
     target: NodeId,
     client: Option<RaftClient<Channel>>,
     address: String,
+    health: Arc<PeerHealth>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -55,6 +123,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             target,
             client,
             address: node.addr.clone(),
+            health: self.health.clone(),
         }
     }
 }
@@ -79,24 +148,46 @@ impl PeerConnection {
         };
         let json =
             serde_json::to_vec(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        // Give up at the soft deadline, before openraft drops the call at the hard one, so
+        // that a peer that stops answering (rather than refusing) is noticed here too.
+        let ttl = option.soft_ttl();
         let mut req = tonic::Request::new(RaftPayload { json: json.into() });
-        req.set_timeout(option.hard_ttl());
-        let response = match method {
-            Method::AppendEntries => client.append_entries(req).await,
-            Method::Vote => client.vote(req).await,
-            Method::InstallSnapshot => client.install_snapshot(req).await,
+        req.set_timeout(ttl);
+        let call = async {
+            match method {
+                Method::AppendEntries => client.append_entries(req).await,
+                Method::Vote => client.vote(req).await,
+                Method::InstallSnapshot => client.install_snapshot(req).await,
+            }
+        };
+        let response = match tokio::time::timeout(ttl, call).await {
+            Ok(r) => r,
+            Err(_) => Err(tonic::Status::deadline_exceeded(format!(
+                "no answer within {} ms",
+                ttl.as_millis()
+            ))),
         };
         let payload = match response {
             Ok(r) => r.into_inner(),
             Err(status) => {
+                let what = format!(
+                    "controller {} at {}: {}",
+                    self.target,
+                    self.address,
+                    describe_status(&status)
+                );
+                self.health
+                    .failed(self.target, &self.address, &describe_status(&status));
+                let e = std::io::Error::other(what);
                 return Err(match status.code() {
                     tonic::Code::Unavailable | tonic::Code::DeadlineExceeded => {
-                        RPCError::Unreachable(Unreachable::new(&status))
+                        RPCError::Unreachable(Unreachable::new(&e))
                     }
-                    _ => RPCError::Network(NetworkError::new(&status)),
-                })
+                    _ => RPCError::Network(NetworkError::new(&e)),
+                });
             }
         };
+        self.health.answered(self.target, &self.address);
         let result: Result<Resp, RaftError<NodeId, E>> = serde_json::from_slice(&payload.json)
             .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
@@ -133,5 +224,30 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         option: RPCOption,
     ) -> RpcResult<VoteResponse<NodeId>, openraft::error::Infallible> {
         self.call(Method::Vote, &rpc, option).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_going_away_and_coming_back_is_two_transitions() {
+        let health = PeerHealth::default();
+        assert!(health.failed(2, "127.0.0.1:9393", "Unavailable: tcp connect error"));
+        for _ in 0..100 {
+            assert!(!health.failed(2, "127.0.0.1:9393", "Unavailable: tcp connect error"));
+        }
+        assert!(!health.answered(3, "127.0.0.1:9394"));
+        assert!(health.answered(2, "127.0.0.1:9393"));
+        assert!(!health.answered(2, "127.0.0.1:9393"));
+    }
+
+    #[test]
+    fn errors_are_cut_to_one_short_line() {
+        let long = format!("{}\nsecond line", "x".repeat(1000));
+        let s = short(&long);
+        assert_eq!(s.chars().count(), ERROR_CHARS_MAX + 3);
+        assert!(!s.contains('\n'));
     }
 }

@@ -206,7 +206,7 @@ impl ControllerNode {
         let raft = MetadataRaft::new(
             config.node_id,
             Arc::new(raft_config),
-            Network,
+            Network::default(),
             log_store.clone(),
             state_machine,
         )

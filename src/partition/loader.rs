@@ -224,6 +224,8 @@ pub fn load(dir: &Path, config: &TopicConfig) -> Result<Loaded, LogError> {
     let full_recovery = offsets.is_none() || epochs_unreadable;
     let seg_config = segment_config(config);
     let bases = discover_segments(dir)?;
+    // Nothing on disk yet: a brand-new partition, neither clean nor recovered.
+    let new = bases.is_empty() && offsets.is_none();
     let mut segments = BTreeMap::new();
 
     if bases.is_empty() {
@@ -389,15 +391,20 @@ pub fn load(dir: &Path, config: &TopicConfig) -> Result<Loaded, LogError> {
         },
     )
     .map_err(io_err(dir))?;
-    tracing::info!(
-        partition = %name,
-        clean,
-        segments = segments.len(),
+    if new {
+        tracing::debug!(partition = %name, log_start_offset, "partition created");
+    } else {
+        tracing::info!(
+            partition = %name,
+            clean,
+            recovered = !clean,
+            segments = segments.len(),
         log_start_offset,
         log_end_offset = log_end,
-        high_watermark,
-        "partition loaded"
-    );
+            high_watermark,
+            "partition loaded"
+        );
+    }
     Ok(Loaded {
         segments,
         log_start_offset,

@@ -15,7 +15,7 @@ use super::progress::{self, FollowerProgress};
 use crate::error_code::ErrorCode;
 use crate::partition::producer_state::SequenceError;
 use crate::partition::{AppendInfo, LogError, PartitionLog};
-use crate::types::{BrokerId, LeaderEpoch, Offset};
+use crate::types::{BrokerId, BrokerIds, LeaderEpoch, Offset};
 
 /// A replication failure: a code and a message naming the partition.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -247,7 +247,7 @@ impl LocalPartition {
             }),
         };
         self.advance_high_watermark(&leader);
-        tracing::info!(partition = %self.name(), leader_epoch = %assignment.leader_epoch, log_end_offset = leader.epoch_start.0, high_watermark = self.log.high_watermark().0, "became leader");
+        tracing::debug!(partition = %self.name(), leader_epoch = %assignment.leader_epoch, log_end_offset = leader.epoch_start.0, high_watermark = self.log.high_watermark().0, "became leader");
         *role = Role::Leader(leader);
         drop(role);
         self.bump();
@@ -267,7 +267,7 @@ impl LocalPartition {
                 return false;
             }
         }
-        tracing::info!(partition = %self.name(), %leader, %leader_epoch, "became follower");
+        tracing::debug!(partition = %self.name(), %leader, %leader_epoch, "became follower");
         *role = Role::Follower {
             leader,
             leader_epoch,
@@ -501,7 +501,7 @@ impl LocalPartition {
         if lagging.is_empty() {
             return None;
         }
-        tracing::info!(partition = %self.name(), ?lagging, max_lag_ms, "followers lag: proposing to shrink the ISR");
+        tracing::info!(partition = %self.name(), lagging = %BrokerIds(&lagging), max_lag_ms, "followers lag: proposing to shrink the ISR");
         let new_isr = view
             .isr
             .iter()
@@ -552,7 +552,7 @@ impl LocalPartition {
         let mut view = leader.view.lock();
         match committed {
             Some((isr, partition_epoch)) if partition_epoch > view.partition_epoch => {
-                tracing::info!(partition = %self.name(), ?isr, partition_epoch, "ISR changed");
+                tracing::info!(partition = %self.name(), isr = %BrokerIds(&isr), partition_epoch, "ISR changed");
                 view.isr = isr;
                 view.partition_epoch = partition_epoch;
                 view.pending_isr = None;

@@ -107,6 +107,11 @@ impl Proc {
         self.child.as_ref().expect("running").id() as i32
     }
 
+    /// Everything it wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
     /// The last lines of its stderr.
     pub fn stderr_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.stderr_path).unwrap_or_default();
