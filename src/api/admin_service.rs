@@ -19,7 +19,7 @@ use super::proto::{
     CreateTopicResponse, DeleteTopicRequest, DeleteTopicResponse, DescribeClusterRequest,
     DescribeClusterResponse, DescribeTopicsRequest, DescribeTopicsResponse, ElectLeadersRequest,
     ElectLeadersResponse, InitProducerIdRequest, InitProducerIdResponse, ListTopicsRequest,
-    ListTopicsResponse, NodeStatusRequest, TopicDescription, TopicSummary,
+    ListTopicsResponse, NodeStatusRequest,
 };
 use crate::controller::command::Reassignment;
 use crate::controller::node::{NewTopic, TopicAlteration};
@@ -177,19 +177,7 @@ impl Admin for ControllerAdminService {
     ) -> Result<Response<ListTopicsResponse>, Status> {
         forward_to_leader!(self, request, list_topics);
         self.read_barrier_if_leader().await?;
-        let response = self.node.store().read(|image, version| ListTopicsResponse {
-            topics: image
-                .topics
-                .values()
-                .map(|t| TopicSummary {
-                    name: t.name.clone(),
-                    id: t.id.clone(),
-                    partitions: t.partitions.len() as u32,
-                    replication_factor: t.replication_factor,
-                })
-                .collect(),
-            metadata_version: version,
-        });
+        let response = self.node.store().read(convert::list_topics_response);
         Ok(Response::new(response))
     }
 
@@ -200,34 +188,16 @@ impl Admin for ControllerAdminService {
         forward_to_leader!(self, request, describe_topics);
         self.read_barrier_if_leader().await?;
         let names = request.into_inner().topics;
-        let response = self.node.store().read(|image, version| {
-            let topics: Result<Vec<_>, Status> = if names.is_empty() {
-                Ok(image.topics.values().collect())
-            } else {
-                names
-                    .iter()
-                    .map(|n| {
-                        image.topics.get(n).ok_or_else(|| {
-                            ControllerError::rejected(
-                                ErrorCode::UnknownTopicOrPartition,
-                                format!("topic '{n}' does not exist"),
-                            )
-                            .into()
-                        })
-                    })
-                    .collect()
-            };
-            topics.map(|topics| DescribeTopicsResponse {
-                topics: topics
-                    .into_iter()
-                    .map(|t| TopicDescription {
-                        topic: Some(convert::topic_to_proto(t)),
-                        offsets: Vec::new(),
-                    })
-                    .collect(),
-                metadata_version: version,
-            })
-        })?;
+        let response = self
+            .node
+            .store()
+            .read(|image, version| convert::describe_topics_response(image, version, &names))
+            .map_err(|missing| {
+                Status::from(ControllerError::rejected(
+                    ErrorCode::UnknownTopicOrPartition,
+                    missing,
+                ))
+            })?;
         Ok(Response::new(response))
     }
 

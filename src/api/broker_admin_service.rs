@@ -17,7 +17,7 @@ use super::proto::{
     DeleteTopicRequest, DeleteTopicResponse, DescribeClusterRequest, DescribeClusterResponse,
     DescribeTopicsRequest, DescribeTopicsResponse, ElectLeadersRequest, ElectLeadersResponse,
     InitProducerIdRequest, InitProducerIdResponse, ListTopicsRequest, ListTopicsResponse,
-    PartitionOffsets, TopicDescription, TopicSummary,
+    PartitionOffsets,
 };
 use super::status::error_status;
 use crate::broker::BrokerNode;
@@ -94,53 +94,16 @@ impl BrokerAdminService {
     fn list_topics_cached(&self) -> ListTopicsResponse {
         let metadata = self.node.metadata();
         let version = metadata.version();
-        metadata.read(|image| ListTopicsResponse {
-            topics: image
-                .topics
-                .values()
-                .map(|t| TopicSummary {
-                    name: t.name.clone(),
-                    id: t.id.clone(),
-                    partitions: t.partitions.len() as u32,
-                    replication_factor: t.replication_factor,
-                })
-                .collect(),
-            metadata_version: version,
-        })
+        metadata.read(|image| convert::list_topics_response(image, version))
     }
 
     /// Topic descriptions from this broker's metadata image.
     fn describe_topics_cached(&self, names: &[String]) -> Result<DescribeTopicsResponse, Status> {
         let metadata = self.node.metadata();
         let version = metadata.version();
-        metadata.read(|image| {
-            let topics: Vec<_> = if names.is_empty() {
-                image.topics.values().collect()
-            } else {
-                names
-                    .iter()
-                    .map(|n| {
-                        image.topics.get(n).ok_or_else(|| {
-                            error_status(
-                                ErrorCode::UnknownTopicOrPartition,
-                                format!("topic '{n}' does not exist"),
-                                None,
-                            )
-                        })
-                    })
-                    .collect::<Result<_, _>>()?
-            };
-            Ok(DescribeTopicsResponse {
-                topics: topics
-                    .into_iter()
-                    .map(|t| TopicDescription {
-                        topic: Some(convert::topic_to_proto(t)),
-                        offsets: Vec::new(),
-                    })
-                    .collect(),
-                metadata_version: version,
-            })
-        })
+        metadata
+            .read(|image| convert::describe_topics_response(image, version, names))
+            .map_err(|missing| error_status(ErrorCode::UnknownTopicOrPartition, missing, None))
     }
 }
 

@@ -165,3 +165,52 @@ pub fn change_from_proto(c: &proto::MetadataChange) -> Option<MetadataChange> {
         },
     })
 }
+
+/// The ListTopics answer for `image` at `version`.
+pub fn list_topics_response(image: &MetadataImage, version: u64) -> proto::ListTopicsResponse {
+    proto::ListTopicsResponse {
+        topics: image
+            .topics
+            .values()
+            .map(|t| proto::TopicSummary {
+                name: t.name.clone(),
+                id: t.id.clone(),
+                partitions: t.partitions.len() as u32,
+                replication_factor: t.replication_factor,
+            })
+            .collect(),
+        metadata_version: version,
+    }
+}
+
+/// The DescribeTopics answer for `names` (every topic when empty) from `image` at
+/// `version`, without offsets; `Err` names the first topic that does not exist.
+pub fn describe_topics_response(
+    image: &MetadataImage,
+    version: u64,
+    names: &[String],
+) -> Result<proto::DescribeTopicsResponse, String> {
+    let topics: Vec<&TopicRecord> = if names.is_empty() {
+        image.topics.values().collect()
+    } else {
+        names
+            .iter()
+            .map(|n| {
+                image
+                    .topics
+                    .get(n)
+                    .ok_or_else(|| format!("topic '{n}' does not exist"))
+            })
+            .collect::<Result<_, _>>()?
+    };
+    Ok(proto::DescribeTopicsResponse {
+        topics: topics
+            .into_iter()
+            .map(|t| proto::TopicDescription {
+                topic: Some(topic_to_proto(t)),
+                offsets: Vec::new(),
+            })
+            .collect(),
+        metadata_version: version,
+    })
+}

@@ -137,15 +137,11 @@ impl LeaderLease {
         self.changed.notify_waiters();
     }
 
-    /// Whether the controllers answered the latest heartbeat (false while they are
-    /// unreachable, and before the first answer).
+    /// False once the controllers count as down: the lease lapsed and a heartbeat sent
+    /// since reached no controller (a single failed heartbeat, e.g. during a Raft
+    /// election, does not count).
     pub fn controllers_reachable(&self) -> bool {
-        let state = self.state.lock();
-        match (state.last_answered_sent, state.last_unanswered_sent) {
-            (Some(answered), Some(unanswered)) => answered >= unanswered,
-            (Some(_), None) => true,
-            (None, _) => false,
-        }
+        !unreachable_after_lapse(&self.state.lock())
     }
 
     /// Whether the broker may accept writes now, holding `metadata_version`.
@@ -159,6 +155,17 @@ impl LeaderLease {
     pub fn changed(&self) -> tokio::sync::futures::Notified<'_> {
         self.changed.notified()
     }
+}
+
+/// Whether the lease lapsed and a heartbeat sent since then reached no controller (with
+/// none answered after it).
+fn unreachable_after_lapse(state: &State) -> bool {
+    let Some(until) = state.valid_until else {
+        return false;
+    };
+    state
+        .last_unanswered_sent
+        .is_some_and(|u| u >= until && state.last_answered_sent.is_none_or(|a| a <= u))
 }
 
 /// The write permission at `now` (pure: see the module doc).
@@ -180,10 +187,7 @@ fn decide(state: &State, now: Instant, metadata_version: u64) -> LeaseCheck {
     }
     // Lapsed: a heartbeat sent since then that reached no controller (and none answered
     // after it) means the controllers are unreachable, not that we were replaced.
-    let unanswered_after_lapse = state
-        .last_unanswered_sent
-        .is_some_and(|u| u >= until && state.last_answered_sent.is_none_or(|a| a <= u));
-    if unanswered_after_lapse {
+    if unreachable_after_lapse(state) {
         LeaseCheck::Granted
     } else {
         LeaseCheck::Pending
@@ -262,5 +266,9 @@ mod tests {
         lease.on_heartbeat(Instant::now(), false, 1, MINUTE);
         lease.on_heartbeat_unanswered(Instant::now());
         assert_eq!(lease.check(1), LeaseCheck::Granted);
+        assert!(
+            lease.controllers_reachable(),
+            "one failed heartbeat (an election) is not an outage"
+        );
     }
 }
