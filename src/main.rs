@@ -55,6 +55,17 @@ fn main() -> ExitCode {
     // clap exits with 2 on usage errors (0 for --help and --version).
     let matches = with_after_help(Cli::command()).get_matches();
     let args = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if !matches!(
+        args.command,
+        Command::Standalone(_) | Command::Broker(_) | Command::Controller(_)
+    ) {
+        // Client tools end quietly when their reader goes away (`... | head`), like other
+        // Unix tools; servers keep Rust's default (ignored, so sockets report EPIPE).
+        // SAFETY: restoring a signal's default disposition before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let result = match &args.command {
         Command::Standalone(a) => cli::server_roles::run_standalone(a),
         Command::Broker(a) => cli::server_roles::run_broker(a),

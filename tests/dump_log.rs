@@ -208,3 +208,56 @@ fn damage_in_the_middle_is_skipped_and_every_later_batch_listed() {
         .as_array()
         .is_some_and(|r| !r.is_empty()));
 }
+
+/// The active segment's preallocated index lists only the entries written so far, and
+/// `dump-log ... | head` ends quietly instead of failing on the closed pipe.
+#[test]
+fn an_active_index_lists_only_written_entries_and_a_closed_pipe_is_quiet() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = TopicConfig {
+        index_interval_bytes: 100,
+        ..TopicConfig::default()
+    };
+    let log = PartitionLog::open(dir.path(), config, Arc::new(SystemClock)).unwrap();
+    for i in 0..3000 {
+        let mut b = BatchBuilder::new(Compression::None);
+        b.push(RecordRef {
+            timestamp: 1_000 + i,
+            key: None,
+            value: Some(&[b'x'; 150]),
+            headers: &[],
+        });
+        log.append_as_leader(&mut b.build(0).unwrap(), LeaderEpoch(0))
+            .unwrap();
+    }
+    log.flush().unwrap();
+    // Still open: the index file is preallocated past its entries.
+    let index = dir.path().join("00000000000000000000.index");
+    let out = dump(&["--output", "json", index.to_str().unwrap()]);
+    let entries = json_lines(&out.stdout);
+    assert!(!entries.is_empty());
+    assert!(
+        entries.iter().all(|e| e["matches_log"] == true),
+        "no preallocated zero slot is listed: {:?}",
+        entries.last()
+    );
+    let slots = std::fs::metadata(&index).unwrap().len() as usize / 8;
+    assert!(entries.len() < slots, "{} of {slots} slots", entries.len());
+
+    let segment = dir.path().join("00000000000000000000.log");
+    let script = format!(
+        "{} dump-log --print-data {} | head -n 1 > /dev/null",
+        env!("CARGO_BIN_EXE_tidelog"),
+        segment.display()
+    );
+    let out = Command::new("bash")
+        .args(["-c", &format!("set -o pipefail; {script}")])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("Broken pipe") && !stderr.contains("IO_ERROR"),
+        "{stderr}"
+    );
+    drop(log);
+}

@@ -375,7 +375,15 @@ fn dump_index_file(
     };
     let mut mismatches = 0usize;
     let mut previous: Option<(u64, i64)> = None;
-    for (slot, raw) in bytes.chunks_exact(entry_size).enumerate() {
+    // An active segment's index is preallocated: slots past the written ones are zero
+    // (a zero entry can only be the first: offsets strictly increase). List only the
+    // written entries.
+    let written = bytes
+        .chunks_exact(entry_size)
+        .enumerate()
+        .position(|(slot, raw)| slot > 0 && raw.iter().all(|b| *b == 0))
+        .unwrap_or(bytes.len() / entry_size);
+    for (slot, raw) in bytes.chunks_exact(entry_size).take(written).enumerate() {
         let (fields, matches) = if kind == INDEX_SUFFIX {
             let offset =
                 base + u64::from(u32::from_be_bytes(raw[0..4].try_into().expect("4 bytes")));
