@@ -295,6 +295,17 @@ fn verify(acks: &[Ack], stored: &[(u32, i64, String)]) {
     }
 }
 
+/// The topic as the controllers describe it (None while they do not answer).
+async fn controllers_view(c: &BrokerCluster) -> Option<TopicState> {
+    AdminClient::new(c.controller_addresses(), Duration::from_secs(2))
+        .describe_topics(vec![TOPIC.to_owned()])
+        .await
+        .ok()?
+        .topics
+        .pop()?
+        .topic
+}
+
 fn leaders(t: &TopicState) -> Vec<(Option<i32>, i32)> {
     t.partitions
         .iter()
@@ -393,13 +404,7 @@ async fn the_data_plane_keeps_serving_while_every_controller_is_down() {
     }
     let back_at = Instant::now();
     let healed = eventually("the cluster heals", Duration::from_secs(60), || async {
-        let t = AdminClient::new(c.controller_addresses(), Duration::from_secs(2))
-            .describe_topics(vec![TOPIC.to_owned()])
-            .await
-            .ok()?
-            .topics
-            .remove(0)
-            .topic?;
+        let t = controllers_view(&c).await?;
         t.partitions.iter().all(|p| p.isr.len() == 3).then_some(t)
     })
     .await;
@@ -533,13 +538,7 @@ async fn a_broker_lost_during_the_outage_is_fenced_when_the_controllers_return()
         "leaders move off the dead broker",
         Duration::from_secs(60),
         || async {
-            let t = AdminClient::new(c.controller_addresses(), Duration::from_secs(2))
-                .describe_topics(vec![TOPIC.to_owned()])
-                .await
-                .ok()?
-                .topics
-                .remove(0)
-                .topic?;
+            let t = controllers_view(&c).await?;
             t.partitions
                 .iter()
                 .all(|p| p.leader.is_some() && p.leader != Some(dead) && !p.isr.contains(&dead))

@@ -92,15 +92,15 @@ fn a_truncated_file_reports_the_incomplete_batch() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("CORRUPT_MESSAGE"));
 }
 
-#[test]
-fn index_files_are_dumped_and_checked_against_their_log() {
-    let dir = tempfile::tempdir().unwrap();
+/// A partition in `dir` with `records` one-record batches of 150 bytes (timestamps from
+/// 1000) and an index entry every 100 bytes; left open.
+fn indexed_log(dir: &Path, records: i64) -> PartitionLog {
     let config = TopicConfig {
         index_interval_bytes: 100,
         ..TopicConfig::default()
     };
-    let log = PartitionLog::open(dir.path(), config, Arc::new(SystemClock)).unwrap();
-    for i in 0..20 {
+    let log = PartitionLog::open(dir, config, Arc::new(SystemClock)).unwrap();
+    for i in 0..records {
         let mut b = BatchBuilder::new(Compression::None);
         b.push(RecordRef {
             timestamp: 1_000 + i,
@@ -111,6 +111,13 @@ fn index_files_are_dumped_and_checked_against_their_log() {
         log.append_as_leader(&mut b.build(0).unwrap(), LeaderEpoch(0))
             .unwrap();
     }
+    log
+}
+
+#[test]
+fn index_files_are_dumped_and_checked_against_their_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = indexed_log(dir.path(), 20);
     log.close().unwrap();
     let index = dir.path().join("00000000000000000000.index");
     let out = dump(&["--output", "json", index.to_str().unwrap()]);
@@ -214,22 +221,7 @@ fn damage_in_the_middle_is_skipped_and_every_later_batch_listed() {
 #[test]
 fn an_active_index_lists_only_written_entries_and_a_closed_pipe_is_quiet() {
     let dir = tempfile::tempdir().unwrap();
-    let config = TopicConfig {
-        index_interval_bytes: 100,
-        ..TopicConfig::default()
-    };
-    let log = PartitionLog::open(dir.path(), config, Arc::new(SystemClock)).unwrap();
-    for i in 0..3000 {
-        let mut b = BatchBuilder::new(Compression::None);
-        b.push(RecordRef {
-            timestamp: 1_000 + i,
-            key: None,
-            value: Some(&[b'x'; 150]),
-            headers: &[],
-        });
-        log.append_as_leader(&mut b.build(0).unwrap(), LeaderEpoch(0))
-            .unwrap();
-    }
+    let log = indexed_log(dir.path(), 3000);
     log.flush().unwrap();
     // Still open: the index file is preallocated past its entries.
     let index = dir.path().join("00000000000000000000.index");
