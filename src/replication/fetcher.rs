@@ -170,6 +170,9 @@ const RPC_SLACK: Duration = Duration::from_secs(10);
 
 impl FetchLoop {
     async fn run(mut self, cancel: CancellationToken) {
+        // Failures in a row: one WARN when the leader broker stops answering, one INFO
+        // when it answers again (each failure itself is logged at debug).
+        let mut failing_since: Option<Instant> = None;
         loop {
             if cancel.is_cancelled() {
                 return;
@@ -208,7 +211,16 @@ impl FetchLoop {
                 }
                 Ok(())
             };
+            if result.is_ok() {
+                if let Some(since) = failing_since.take() {
+                    tracing::info!(leader = %self.leader, down_ms = since.elapsed().as_millis() as u64, "leader broker answers replica fetches again");
+                }
+            }
             if let Err(e) = result {
+                if failing_since.is_none() {
+                    failing_since = Some(Instant::now());
+                    tracing::warn!(leader = %self.leader, error = %e, "leader broker does not answer replica fetches; retrying");
+                }
                 tracing::debug!(leader = %self.leader, error = %e, "replica fetch failed");
                 tokio::select! {
                     _ = cancel.cancelled() => return,
