@@ -259,6 +259,21 @@ fn run_cli(args: &[&str], input: &str) -> (bool, String, Duration) {
     )
 }
 
+/// `tidelog topics create --topic later` through the brokers.
+fn create_later_topic(bootstrap: &[String]) -> (bool, String, Duration) {
+    run_cli(
+        &[
+            "topics",
+            "create",
+            "--bootstrap",
+            &bootstrap.join(","),
+            "--topic",
+            "later",
+        ],
+        "",
+    )
+}
+
 /// Every acknowledged record is stored exactly once at its acknowledged place, and each
 /// writer's records are in send order within a partition.
 fn verify(acks: &[Ack], stored: &[(u32, i64, String)]) {
@@ -363,17 +378,7 @@ async fn the_data_plane_keeps_serving_while_every_controller_is_down() {
     );
     assert!(ok, "a new producer works during the outage: {err}");
     // An admin write fails at once with the retriable code.
-    let (ok, err, admin_took) = run_cli(
-        &[
-            "topics",
-            "create",
-            "--bootstrap",
-            &bootstrap.join(","),
-            "--topic",
-            "later",
-        ],
-        "",
-    );
+    let (ok, err, admin_took) = create_later_topic(&bootstrap);
     assert!(!ok, "creating a topic needs the controllers");
     assert!(
         err.contains("CONTROLLER_UNAVAILABLE"),
@@ -415,17 +420,7 @@ async fn the_data_plane_keeps_serving_while_every_controller_is_down() {
         leaders(&before),
         "no leadership moved, and no leader epoch changed"
     );
-    let (ok, err, _) = run_cli(
-        &[
-            "topics",
-            "create",
-            "--bootstrap",
-            &bootstrap.join(","),
-            "--topic",
-            "later",
-        ],
-        "",
-    );
+    let (ok, err, _) = create_later_topic(&bootstrap);
     assert!(ok, "admin writes work again: {err}");
 
     let mut figures = Vec::new();
