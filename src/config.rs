@@ -22,10 +22,17 @@ pub struct ConfigLoadError(pub String);
 pub struct ControllerConfig {
     /// This controller's id in the quorum.
     pub node_id: NodeId,
-    /// The gRPC address to bind.
+    /// The gRPC address clients use (Admin).
     pub listen: String,
-    /// Every voter as `id=host:port`, comma-separated (including this node).
+    /// The internal listener (Raft, broker lifecycle, forwarded admin calls); empty: the
+    /// host of `listen` with its port + 100.
+    pub internal_listen: String,
+    /// Every voter's internal listener as `id=host:port`, comma-separated (including
+    /// this node).
     pub peers: String,
+    /// A file holding the secret every node of the cluster shares (at least 16 bytes);
+    /// required unless the internal listener is on loopback.
+    pub cluster_secret_file: String,
     /// Where the Raft log, votes and snapshots live.
     pub data_dir: PathBuf,
     /// A broker without a heartbeat for this long is fenced (ms).
@@ -60,7 +67,9 @@ impl Default for ControllerConfig {
         Self {
             node_id: 1,
             listen: "127.0.0.1:9293".to_owned(),
+            internal_listen: String::new(),
             peers: String::new(),
+            cluster_secret_file: String::new(),
             data_dir: PathBuf::from("./tidelog-data"),
             broker_session_timeout_ms: 9_000,
             raft_heartbeat_interval_ms: 200,
@@ -87,6 +96,11 @@ impl ControllerConfig {
                 self.connection_handshake_timeout_ms,
             ),
         }
+    }
+
+    /// The address the internal listener binds.
+    pub fn internal_listen_address(&self) -> Result<String, ConfigLoadError> {
+        internal_listen_of(&self.listen, &self.internal_listen)
     }
 
     /// The peer list as a map; fails on a malformed entry or a repeated id.
@@ -161,12 +175,21 @@ impl ControllerConfig {
 pub struct BrokerConfig {
     /// This broker's id (>= 0), unique in the cluster.
     pub broker_id: i32,
-    /// The gRPC address to bind.
+    /// The gRPC address clients use.
     pub listen: String,
-    /// The address clients and other brokers use; the bound address when empty.
+    /// The address clients use to reach it; the bound address when empty.
     pub advertised_address: String,
-    /// Controller addresses, comma-separated.
+    /// The internal listener (replication: other brokers fetch here); empty: the host of
+    /// `listen` with its port + 100.
+    pub internal_listen: String,
+    /// The address other brokers use to reach the internal listener; the bound address
+    /// when empty.
+    pub internal_advertised_address: String,
+    /// The controllers' internal listeners, comma-separated.
     pub controllers: String,
+    /// A file holding the secret every node of the cluster shares (at least 16 bytes);
+    /// required unless the internal listener is on loopback.
+    pub cluster_secret_file: String,
     /// Where partitions live, one directory each.
     pub data_dir: PathBuf,
     /// This broker's rack, for rack-aware placement; empty for none.
@@ -219,7 +242,10 @@ impl Default for BrokerConfig {
             broker_id: 1,
             listen: "127.0.0.1:9292".to_owned(),
             advertised_address: String::new(),
-            controllers: "127.0.0.1:9293".to_owned(),
+            internal_listen: String::new(),
+            internal_advertised_address: String::new(),
+            controllers: "127.0.0.1:9393".to_owned(),
+            cluster_secret_file: String::new(),
             data_dir: PathBuf::from("./tidelog-data"),
             rack: String::new(),
             broker_heartbeat_interval_ms: 1_000,
@@ -254,6 +280,11 @@ impl BrokerConfig {
                 self.connection_handshake_timeout_ms,
             ),
         }
+    }
+
+    /// The address the internal listener binds.
+    pub fn internal_listen_address(&self) -> Result<String, ConfigLoadError> {
+        internal_listen_of(&self.listen, &self.internal_listen)
     }
 
     /// Checks ranges.
@@ -319,6 +350,30 @@ impl BrokerConfig {
         }
         Ok(())
     }
+}
+
+/// Offset from a client port to the internal port when `internal_listen` is not set.
+pub const INTERNAL_PORT_OFFSET: u16 = 100;
+
+/// `internal` when set; else `listen` with its port + [`INTERNAL_PORT_OFFSET`] (an
+/// ephemeral port 0 stays 0).
+pub fn internal_listen_of(listen: &str, internal: &str) -> Result<String, ConfigLoadError> {
+    if !internal.is_empty() {
+        return Ok(internal.to_owned());
+    }
+    let bad = || {
+        ConfigLoadError(format!(
+            "internal_listen is not set and listen '{listen}' is not host:port with a port below {}; set internal_listen",
+            u16::MAX - INTERNAL_PORT_OFFSET + 1
+        ))
+    };
+    let (host, port) = listen.rsplit_once(':').ok_or_else(bad)?;
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    let internal_port = match port {
+        0 => 0,
+        p => p.checked_add(INTERNAL_PORT_OFFSET).ok_or_else(bad)?,
+    };
+    Ok(format!("{host}:{internal_port}"))
 }
 
 /// Parses `1=host:port,2=host:port`.
@@ -516,6 +571,35 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_sample_file_lists_every_setting() {
+        let text = include_str!("../config/tidelog.toml");
+        for key in known_settings().keys() {
+            let listed = text.lines().any(|l| {
+                l.trim_start_matches('#')
+                    .trim_start()
+                    .starts_with(&format!("{key} ="))
+            });
+            assert!(listed, "config/tidelog.toml lacks {key}");
+        }
+    }
+
+    #[test]
+    fn the_internal_port_defaults_to_the_client_port_plus_100() {
+        assert_eq!(
+            internal_listen_of("127.0.0.1:9292", "").unwrap(),
+            "127.0.0.1:9392"
+        );
+        assert_eq!(internal_listen_of("[::1]:9293", "").unwrap(), "[::1]:9393");
+        assert_eq!(
+            internal_listen_of("127.0.0.1:0", "").unwrap(),
+            "127.0.0.1:0"
+        );
+        assert_eq!(internal_listen_of("a:1", "b:2").unwrap(), "b:2");
+        assert!(internal_listen_of("127.0.0.1:65500", "").is_err());
+        assert!(internal_listen_of("nonsense", "").is_err());
+    }
 
     #[test]
     fn peers_parse_and_reject_bad_entries() {

@@ -83,6 +83,7 @@ error_codes! {
     NetworkException = "NETWORK_EXCEPTION", true, "The connection failed or broke (refused, reset, closed mid-request): the server may be down or restarting; the request may or may not have taken effect. Retry, after a metadata refresh for partition requests.";
     ControllerUnavailable = "CONTROLLER_UNAVAILABLE", true, "No controller answers (the quorum is down or cut off): metadata changes such as creating topics wait until it returns; produce and fetch keep working.";
     InvalidProducerEpoch = "INVALID_PRODUCER_EPOCH", false, "The producer epoch is older than the current one (a newer producer took over), or a new epoch does not start at sequence 0.";
+    ClusterAuthorizationFailed = "CLUSTER_AUTHORIZATION_FAILED", false, "An internal (node-to-node) service was called on a client port; internal services are served only on the internal listener, to nodes holding the cluster secret.";
 }
 
 impl fmt::Display for ErrorCode {

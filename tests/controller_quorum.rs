@@ -8,12 +8,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{cli, eventually, Controllers, FakeBroker};
+use common::{cli, controller_client, eventually, Controllers, FakeBroker};
 use tidelog::api::proto::{
     AlterPartitionRequest, BrokerHeartbeatRequest, DescribeClusterResponse, PartitionState,
     RegisterBrokerRequest, TopicState,
 };
-use tidelog::client::controller::ControllerClient;
 use tidelog::client::{AdminClient, ClientError};
 use tidelog::error_code::ErrorCode;
 
@@ -155,7 +154,7 @@ async fn three_controllers_survive_leader_kill_9_and_full_restart() {
     // The killed node restarts and catches up.
     c.start_node(leader);
     let version = survivors.list_topics().await.unwrap().metadata_version;
-    let restarted = ControllerClient::new(vec![c.address(leader)], Duration::from_secs(5));
+    let restarted = controller_client(&[c.address(leader)], Duration::from_secs(5));
     eventually(
         "the restarted controller catches up",
         Duration::from_secs(30),
@@ -310,7 +309,7 @@ async fn a_silent_broker_is_fenced_and_its_partitions_move_to_the_isr() {
     );
 
     // AlterPartition: a stale partition epoch is refused, a current one accepted.
-    let controllers = ControllerClient::new(addrs.clone(), Duration::from_secs(5));
+    let controllers = controller_client(&addrs, Duration::from_secs(5));
     let p = partition(&before, led_by_1[0]);
     let mut request = AlterPartitionRequest {
         broker_id: 1,
@@ -391,6 +390,7 @@ async fn a_silent_broker_is_fenced_and_its_partitions_move_to_the_isr() {
         .register_broker(RegisterBrokerRequest {
             broker_id: b2.id,
             address: "127.0.0.1:1".to_owned(),
+            internal_address: "127.0.0.1:2".to_owned(),
             rack: None,
             incarnation_id: "impostor".to_owned(),
         })
@@ -413,7 +413,7 @@ async fn controlled_shutdown_hands_leadership_off_before_the_broker_goes() {
         .await
         .unwrap();
     b1.beating.store(false, Ordering::SeqCst);
-    let controllers = ControllerClient::new(addrs.clone(), Duration::from_secs(5));
+    let controllers = controller_client(&addrs, Duration::from_secs(5));
     let answer = controllers
         .heartbeat(BrokerHeartbeatRequest {
             broker_id: 1,

@@ -8,45 +8,11 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{binary, cli, free_ports, read_all, BrokerCluster, Proc};
+use common::{binary, cli, free_ports, read_all, run_to_exit, BrokerCluster, Proc};
 use futures_util::StreamExt;
 use tidelog::client::AdminClient;
-
-/// Runs `tidelog args` with `envs` until it exits or `within` passes (then kills it);
-/// returns (exited successfully, exited at all, stderr, elapsed).
-fn run_to_exit(
-    args: &[&str],
-    envs: &[(&str, &str)],
-    within: Duration,
-) -> (bool, bool, String, Duration) {
-    let dir = tempfile::tempdir().unwrap();
-    let err_path = dir.path().join("stderr");
-    let started = Instant::now();
-    let mut child = Command::new(binary())
-        .args(args)
-        .envs(envs.iter().copied())
-        .env_remove("TIDELOG_BOOTSTRAP")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&err_path).unwrap())
-        .spawn()
-        .expect("spawn tidelog");
-    let (ok, exited) = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break (status.success(), true);
-        }
-        if started.elapsed() > within {
-            let _ = child.kill();
-            let _ = child.wait();
-            break (false, false);
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
-    (ok, exited, stderr, started.elapsed())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn data_commands_work_with_a_controller_as_bootstrap() {
@@ -227,8 +193,9 @@ async fn a_second_broker_with_a_live_id_fails_fast() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_ports(1)[0];
     let listen = format!("127.0.0.1:{port}");
-    let controllers = c.controller_address();
+    let controllers = c.controller_internal_addresses().join(",");
     let data = dir.path().display().to_string();
+    let secret = c.secret_args();
     // The cluster's session timeout is 3 s: the second process must give up soon after.
     let (ok, exited, err, took) = run_to_exit(
         &[
@@ -241,6 +208,8 @@ async fn a_second_broker_with_a_live_id_fails_fast() {
             &controllers,
             "--data-dir",
             &data,
+            &secret[0],
+            &secret[1],
         ],
         &[],
         Duration::from_secs(30),

@@ -133,7 +133,13 @@ impl Controller for ControllerService {
         let r = request.into_inner();
         let (broker_epoch, cluster_id, metadata_version) = self
             .node
-            .register_broker(BrokerId(r.broker_id), r.address, r.rack, r.incarnation_id)
+            .register_broker(
+                BrokerId(r.broker_id),
+                r.address,
+                r.internal_address,
+                r.rack,
+                r.incarnation_id,
+            )
             .await?;
         Ok(Response::new(RegisterBrokerResponse {
             broker_epoch,

@@ -73,6 +73,7 @@ pub fn broker_to_proto(b: &BrokerRecord) -> proto::BrokerState {
         incarnation_id: b.incarnation_id.clone(),
         epoch: b.epoch,
         state: b.state.as_str().to_owned(),
+        internal_address: b.internal_address.clone(),
     }
 }
 
@@ -82,6 +83,7 @@ pub fn broker_from_proto(b: &proto::BrokerState) -> BrokerRecord {
         id: BrokerId(b.id),
         address: b.address.clone(),
         rack: b.rack.clone(),
+        internal_address: b.internal_address.clone(),
         incarnation_id: b.incarnation_id.clone(),
         epoch: b.epoch,
         state: match b.state.as_str() {

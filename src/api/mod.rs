@@ -8,6 +8,7 @@ pub mod controller_service;
 pub mod convert;
 pub mod forward;
 pub mod groups_service;
+pub mod port_guard;
 pub mod proto;
 pub mod raft_service;
 pub mod replication_service;

@@ -56,6 +56,7 @@ fn grpc_code(code: ErrorCode) -> Code {
         | ErrorCode::FencedLeaderEpoch
         | ErrorCode::InvalidUpdateVersion
         | ErrorCode::IneligibleReplica => Code::FailedPrecondition,
+        ErrorCode::ClusterAuthorizationFailed => Code::PermissionDenied,
         ErrorCode::UnknownServerError => Code::Internal,
     }
 }

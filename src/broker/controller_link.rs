@@ -22,6 +22,7 @@ use crate::client::controller::ControllerClient;
 use crate::client::ClientError;
 use crate::controller::model::PartitionRecord;
 use crate::error_code::ErrorCode;
+use crate::net::node_auth::ClusterSecret;
 use crate::replication::IsrChange;
 use crate::types::BrokerId;
 
@@ -44,8 +45,10 @@ const HEARTBEAT_TIMEOUT_MIN: Duration = Duration::from_secs(1);
 pub struct BrokerIdentity {
     /// Its id.
     pub id: BrokerId,
-    /// The address clients and peers use.
+    /// The address clients use.
     pub address: String,
+    /// Its internal listener, where followers fetch.
+    pub internal_address: String,
     /// Its rack.
     pub rack: Option<String>,
 }
@@ -72,10 +75,13 @@ pub struct ControllerLink {
 }
 
 impl ControllerLink {
-    /// A link through `controllers`. Metadata changes are applied to `partitions` (opened
+    /// A link through the internal listeners of `controllers`, authenticated with
+    /// `secret`. Metadata changes are applied to `partitions` (opened
     /// and deleted) and then to `replicas` (roles); heartbeat answers renew `lease`.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         controllers: Vec<String>,
+        secret: Arc<ClusterSecret>,
         identity: BrokerIdentity,
         heartbeat_interval: Duration,
         metadata: Arc<MetadataCache>,
@@ -85,9 +91,13 @@ impl ControllerLink {
     ) -> Self {
         let heartbeat_timeout = (heartbeat_interval * 2).max(HEARTBEAT_TIMEOUT_MIN);
         Self {
-            heartbeat_client: ControllerClient::new(controllers.clone(), heartbeat_timeout),
+            heartbeat_client: ControllerClient::new(
+                controllers.clone(),
+                heartbeat_timeout,
+                secret.clone(),
+            ),
             unreachable: AtomicBool::new(false),
-            client: ControllerClient::new(controllers, Duration::from_secs(10)),
+            client: ControllerClient::new(controllers, Duration::from_secs(10), secret),
             identity,
             incarnation_id: uuid::Uuid::new_v4().to_string(),
             epoch: AtomicU64::new(0),
@@ -115,6 +125,7 @@ impl ControllerLink {
             let request = RegisterBrokerRequest {
                 broker_id: self.identity.id.0,
                 address: self.identity.address.clone(),
+                internal_address: self.identity.internal_address.clone(),
                 rack: self.identity.rack.clone(),
                 incarnation_id: self.incarnation_id.clone(),
             };

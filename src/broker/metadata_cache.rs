@@ -105,4 +105,16 @@ impl MetadataCache {
             .get(&id)
             .map(|b| b.address.clone())
     }
+
+    /// Where followers fetch from broker `id`: its internal listener (its client address
+    /// for a registration that named none).
+    pub fn broker_internal_address(&self, id: BrokerId) -> Option<String> {
+        self.image.read().0.brokers.get(&id).map(|b| {
+            if b.internal_address.is_empty() {
+                b.address.clone()
+            } else {
+                b.internal_address.clone()
+            }
+        })
+    }
 }

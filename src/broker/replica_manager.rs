@@ -9,13 +9,13 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Endpoint;
 
 use super::controller_link::ControllerLink;
 use super::metadata_cache::MetadataCache;
 use super::node::now_ms;
 use super::partition_manager::{LocalPartition, PartitionManager};
 use crate::controller::model::PartitionRecord;
+use crate::net::node_auth::{internal_channel, ClusterSecret};
 use crate::replication::fetcher::{Fetcher, FetcherConfig, PartitionLookup};
 use crate::replication::{IsrChange, PartitionAssignment};
 use crate::types::{BrokerId, BrokerIds, LeaderEpoch};
@@ -115,6 +115,8 @@ pub struct ReplicaManager {
     metadata: Arc<MetadataCache>,
     partitions: Arc<PartitionManager>,
     settings: ReplicationSettings,
+    /// Authenticates fetchers at leaders' internal listeners.
+    secret: Arc<ClusterSecret>,
     fetchers: tokio::sync::Mutex<HashMap<BrokerId, Fetcher>>,
     isr_changes: mpsc::UnboundedSender<IsrChange>,
 }
@@ -127,12 +129,14 @@ impl ReplicaManager {
         partitions: Arc<PartitionManager>,
         settings: ReplicationSettings,
         isr_changes: mpsc::UnboundedSender<IsrChange>,
+        secret: Arc<ClusterSecret>,
     ) -> Self {
         Self {
             id,
             metadata,
             partitions,
             settings,
+            secret,
             fetchers: tokio::sync::Mutex::new(HashMap::new()),
             isr_changes,
         }
@@ -215,13 +219,13 @@ impl ReplicaManager {
         .await
         .unwrap_or_default();
 
-        // Fetchers: one per leader broker, at its current address.
+        // Fetchers: one per leader broker, at its current internal address.
         let mut wanted: HashMap<BrokerId, Vec<Following>> = HashMap::new();
         for f in following {
             wanted.entry(f.leader).or_default().push(f);
         }
         fetchers.retain(|leader, fetcher| {
-            let address = self.metadata.broker_address(*leader);
+            let address = self.metadata.broker_internal_address(*leader);
             let keep = wanted.contains_key(leader) && address.as_deref() == Some(fetcher.address());
             if !keep {
                 fetcher.stop();
@@ -230,17 +234,20 @@ impl ReplicaManager {
         });
         for (leader, list) in &wanted {
             if !fetchers.contains_key(leader) {
-                let Some(address) = self.metadata.broker_address(*leader) else {
+                let Some(address) = self.metadata.broker_internal_address(*leader) else {
                     continue;
                 };
-                let Ok(endpoint) = Endpoint::from_shared(format!("http://{address}")) else {
-                    tracing::warn!(%leader, %address, "leader address is not usable");
-                    continue;
+                let channel = match internal_channel(
+                    &address,
+                    self.secret.clone(),
+                    Duration::from_secs(3),
+                ) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::warn!(%leader, %address, error = %e, "leader address is not usable");
+                        continue;
+                    }
                 };
-                let channel = endpoint
-                    .connect_timeout(Duration::from_secs(3))
-                    .tcp_nodelay(true)
-                    .connect_lazy();
                 let config = FetcherConfig {
                     broker_id: self.id,
                     max_wait: self.settings.fetch_wait_max,

@@ -11,12 +11,18 @@ pub struct ControllerArgs {
     /// This controller's id; must appear in --peers.
     #[arg(long)]
     pub node_id: Option<u64>,
-    /// Address to serve gRPC on (default 127.0.0.1:9293).
+    /// Address to serve clients on (default 127.0.0.1:9293).
     #[arg(long)]
     pub listen: Option<String>,
-    /// Every controller as id=host:port, comma-separated.
+    /// Address of the internal listener, for the other nodes (default: the --listen port + 100).
+    #[arg(long)]
+    pub internal_listen: Option<String>,
+    /// Every controller's internal listener as id=host:port, comma-separated.
     #[arg(long)]
     pub peers: Option<String>,
+    /// A file holding the secret all nodes of the cluster share (>= 16 bytes).
+    #[arg(long)]
+    pub cluster_secret_file: Option<PathBuf>,
     /// Where the Raft log and snapshots live (default ./tidelog-data).
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
@@ -33,7 +39,14 @@ impl ControllerArgs {
             &[
                 ("node_id", self.node_id.map(|v| v.to_string())),
                 ("listen", self.listen.clone()),
+                ("internal_listen", self.internal_listen.clone()),
                 ("peers", self.peers.clone()),
+                (
+                    "cluster_secret_file",
+                    self.cluster_secret_file
+                        .as_ref()
+                        .map(|d| d.display().to_string()),
+                ),
                 (
                     "data_dir",
                     self.data_dir.as_ref().map(|d| d.display().to_string()),
@@ -44,7 +57,10 @@ impl ControllerArgs {
         .map_err(|e| CliError::new("INVALID_CONFIG", e.0))?;
         if config.peers.is_empty() {
             // A single controller needs no peer list.
-            config.peers = format!("{}={}", config.node_id, config.listen);
+            let internal = config
+                .internal_listen_address()
+                .map_err(|e| CliError::new("INVALID_CONFIG", e.0))?;
+            config.peers = format!("{}={internal}", config.node_id);
         }
         config
             .validate()

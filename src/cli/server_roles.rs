@@ -12,12 +12,18 @@ pub struct BrokerArgs {
     /// This broker's id (>= 0).
     #[arg(long)]
     pub broker_id: Option<i32>,
-    /// Address to serve gRPC on (default 127.0.0.1:9292).
+    /// Address to serve clients on (default 127.0.0.1:9292).
     #[arg(long)]
     pub listen: Option<String>,
-    /// Controller addresses, comma-separated (default 127.0.0.1:9293).
+    /// Address of the internal listener, where other brokers fetch (default: the --listen port + 100).
+    #[arg(long)]
+    pub internal_listen: Option<String>,
+    /// The controllers' internal listeners, comma-separated (default 127.0.0.1:9393).
     #[arg(long)]
     pub controllers: Option<String>,
+    /// A file holding the secret all nodes of the cluster share (>= 16 bytes).
+    #[arg(long)]
+    pub cluster_secret_file: Option<PathBuf>,
     /// Where partitions live (default ./tidelog-data).
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
@@ -35,9 +41,16 @@ pub struct StandaloneArgs {
     /// Where metadata and partitions live (default ./tidelog-data).
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
-    /// Address to serve gRPC on (default 127.0.0.1:9292).
+    /// Address to serve clients on (default 127.0.0.1:9292).
     #[arg(long)]
     pub listen: Option<String>,
+    /// Address of an internal listener for other nodes (default: a private loopback port
+    /// only this process uses).
+    #[arg(long)]
+    pub internal_listen: Option<String>,
+    /// A file holding the secret all nodes of the cluster share (>= 16 bytes).
+    #[arg(long)]
+    pub cluster_secret_file: Option<PathBuf>,
     /// A TOML file of settings (see config/tidelog.toml).
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -58,7 +71,14 @@ pub fn run_broker(args: &BrokerArgs) -> Result<(), CliError> {
         &[
             ("broker_id", args.broker_id.map(|v| v.to_string())),
             ("listen", args.listen.clone()),
+            ("internal_listen", args.internal_listen.clone()),
             ("controllers", args.controllers.clone()),
+            (
+                "cluster_secret_file",
+                args.cluster_secret_file
+                    .as_ref()
+                    .map(|d| d.display().to_string()),
+            ),
             (
                 "data_dir",
                 args.data_dir.as_ref().map(|d| d.display().to_string()),
@@ -78,14 +98,20 @@ pub fn run_standalone(args: &StandaloneArgs) -> Result<(), CliError> {
     // No defaults here: they live in the defaults layer, under the file and variables.
     let flags = [
         ("listen", args.listen.clone()),
+        ("internal_listen", args.internal_listen.clone()),
+        (
+            "cluster_secret_file",
+            args.cluster_secret_file
+                .as_ref()
+                .map(|d| d.display().to_string()),
+        ),
         (
             "data_dir",
             args.data_dir.as_ref().map(|d| d.display().to_string()),
         ),
     ];
     let broker: BrokerConfig = load(args.config.as_deref(), &flags)?;
-    let mut controller: ControllerConfig = load(args.config.as_deref(), &flags)?;
-    controller.peers = format!("1={}", broker.listen);
+    let controller: ControllerConfig = load(args.config.as_deref(), &flags)?;
     broker
         .validate()
         .map_err(|e| CliError::new("INVALID_CONFIG", e.0))?;

@@ -40,6 +40,18 @@ impl AdminClient {
         }
     }
 
+    /// A node's client of the controllers' internal listeners at `controllers`,
+    /// authenticating with `secret` (brokers forward admin calls this way).
+    pub fn internal(
+        controllers: Vec<String>,
+        timeout: Duration,
+        secret: std::sync::Arc<crate::net::node_auth::ClusterSecret>,
+    ) -> Self {
+        Self {
+            connection: Connection::internal(controllers, timeout, secret),
+        }
+    }
+
     /// Creates a topic.
     pub async fn create_topic(
         &self,

@@ -9,6 +9,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -20,6 +21,7 @@ use crate::api::proto::admin_client::AdminClient as AdminGrpc;
 use crate::api::proto::DescribeClusterRequest;
 use crate::api::status::{code_of, leader_hint_of, retry_after_of, ERROR_CODE_KEY};
 use crate::error_code::ErrorCode;
+use crate::net::node_auth::{internal_channel, ClusterSecret};
 
 /// First retry backoff; doubled per attempt up to [`BACKOFF_MAX`].
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
@@ -38,6 +40,8 @@ pub struct Connection {
     not_brokers: Mutex<HashSet<String>>,
     /// Deadline of one call, retries included.
     timeout: Duration,
+    /// Set for a node's connection to other nodes' internal listeners.
+    node_secret: Option<Arc<ClusterSecret>>,
 }
 
 /// Splits `a,b,c` into addresses; fails when none is given.
@@ -72,6 +76,16 @@ impl Connection {
             discovered: Mutex::new(Vec::new()),
             not_brokers: Mutex::new(HashSet::new()),
             timeout,
+            node_secret: None,
+        }
+    }
+
+    /// The same, to internal listeners: every connection authenticates as a cluster node
+    /// with `secret` (for brokers and controllers; clients use the client ports).
+    pub fn internal(bootstrap: Vec<String>, timeout: Duration, secret: Arc<ClusterSecret>) -> Self {
+        Self {
+            node_secret: Some(secret),
+            ..Self::new(bootstrap, timeout)
         }
     }
 
@@ -85,6 +99,12 @@ impl Connection {
         let mut channels = self.channels.lock();
         if let Some(c) = channels.get(address) {
             return Ok(c.clone());
+        }
+        if let Some(secret) = &self.node_secret {
+            let channel = internal_channel(address, secret.clone(), Duration::from_secs(2))
+                .map_err(|e| ClientError::new(ErrorCode::InvalidRequest, e))?;
+            channels.insert(address.to_owned(), channel.clone());
+            return Ok(channel);
         }
         let endpoint = Endpoint::from_shared(format!("http://{address}")).map_err(|e| {
             ClientError::new(
@@ -250,6 +270,18 @@ fn describe(address: &str, status: &Status) -> String {
     {
         status.message().to_owned()
     } else {
-        format!("{address}: {} ({:?})", status.message(), status.code())
+        // A transport failure: its root cause says what happened (refused, the node
+        // handshake failed, ...).
+        let mut root = std::error::Error::source(status);
+        while let Some(next) = root.and_then(|e| e.source()) {
+            root = Some(next);
+        }
+        let message = status.message();
+        match root.map(|e| e.to_string()) {
+            Some(cause) if !message.contains(&cause) => {
+                format!("{address}: {message}: {cause} ({:?})", status.code())
+            }
+            _ => format!("{address}: {message} ({:?})", status.code()),
+        }
     }
 }

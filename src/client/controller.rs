@@ -1,6 +1,7 @@
 //! The broker's client of the controller quorum: registration, heartbeats, ISR changes
 //! and metadata long-polls, failing over between controllers.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::connection::Connection;
@@ -11,6 +12,7 @@ use crate::api::proto::{
     AlterPartitionResponse, BrokerHeartbeatRequest, BrokerHeartbeatResponse, FetchMetadataRequest,
     FetchMetadataResponse, RegisterBrokerRequest, RegisterBrokerResponse,
 };
+use crate::net::node_auth::ClusterSecret;
 
 /// Talks to the Controller service of a quorum.
 pub struct ControllerClient {
@@ -18,10 +20,11 @@ pub struct ControllerClient {
 }
 
 impl ControllerClient {
-    /// A client for the controllers at `addresses`; calls give up after `timeout`.
-    pub fn new(addresses: Vec<String>, timeout: Duration) -> Self {
+    /// A client for the controllers' internal listeners at `addresses`, authenticating
+    /// with `secret`; calls give up after `timeout`.
+    pub fn new(addresses: Vec<String>, timeout: Duration, secret: Arc<ClusterSecret>) -> Self {
         Self {
-            connection: Connection::new(addresses, timeout),
+            connection: Connection::internal(addresses, timeout, secret),
         }
     }
 

@@ -28,6 +28,9 @@ pub enum MetadataCommand {
         rack: Option<String>,
         /// Unique per process start.
         incarnation_id: String,
+        /// Its internal listener (replication).
+        #[serde(default)]
+        internal_address: String,
     },
     /// The broker is ready: it may lead, and takes leaderless partitions it is eligible for.
     UnfenceBroker {

@@ -58,7 +58,7 @@ pub enum ControllerError {
 
 fn leader_text(leader: &Option<(NodeId, String)>) -> String {
     match leader {
-        Some((id, addr)) => format!("; the leader is controller {id} at {addr}"),
+        Some((id, addr)) => format!("; the leader is controller {id} (internal address {addr})"),
         None => "; no leader is known (an election may be running)".to_owned(),
     }
 }

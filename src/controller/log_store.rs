@@ -405,12 +405,28 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, StorageError> {
+        // BTreeMap::range panics on an inverted range; such a request reads nothing.
+        if is_inverted(&range) {
+            return Ok(Vec::new());
+        }
         Ok(self
             .readable
             .read()
             .range(range)
             .map(|(_, e)| e.clone())
             .collect())
+    }
+}
+
+/// Whether `range` starts after it ends (or is `(x, x)` exclusive at both ends), which
+/// `BTreeMap::range` refuses with a panic.
+fn is_inverted<RB: RangeBounds<u64>>(range: &RB) -> bool {
+    use std::ops::Bound::{Excluded, Included, Unbounded};
+    match (range.start_bound(), range.end_bound()) {
+        (Unbounded, _) | (_, Unbounded) => false,
+        (Included(s), Included(e)) => s > e,
+        (Included(s), Excluded(e)) | (Excluded(s), Included(e)) => s > e,
+        (Excluded(s), Excluded(e)) => s >= e,
     }
 }
 

@@ -55,6 +55,10 @@ pub struct BrokerRecord {
     pub address: String,
     /// Its rack, for placement.
     pub rack: Option<String>,
+    /// Where other brokers fetch from it (its internal listener); empty in records from
+    /// before internal listeners existed.
+    #[serde(default)]
+    pub internal_address: String,
     /// Chosen by the broker process at start; a new one means a restarted process.
     pub incarnation_id: String,
     /// The metadata version of the registration; heartbeats must carry it.
@@ -562,6 +566,7 @@ impl MetadataImage {
                 address,
                 rack,
                 incarnation_id,
+                internal_address,
             } => {
                 if let Some(existing) = self.brokers.get(id) {
                     if existing.incarnation_id == *incarnation_id {
@@ -574,6 +579,7 @@ impl MetadataImage {
                     id: *id,
                     address: address.clone(),
                     rack: rack.clone(),
+                    internal_address: internal_address.clone(),
                     incarnation_id: incarnation_id.clone(),
                     epoch: version,
                     state: BrokerState::Fenced,

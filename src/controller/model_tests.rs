@@ -40,6 +40,7 @@ impl Harness {
             address: format!("127.0.0.1:{}", 9000 + id),
             rack: None,
             incarnation_id: format!("inc-{id}-{}", self.version),
+            internal_address: format!("127.0.0.1:{}", 9100 + id),
         })
         .unwrap();
         let epoch = self.epoch(id);
@@ -208,6 +209,7 @@ fn new_incarnation_fences_the_old_process() {
         address: "127.0.0.1:9001".to_owned(),
         rack: None,
         incarnation_id: "restarted".to_owned(),
+        internal_address: "127.0.0.1:9101".to_owned(),
     })
     .unwrap();
     assert!(h.epoch(1) > old_epoch);
@@ -345,7 +347,7 @@ proptest! {
                 Op::Shutdown(b) => { let e = h.epoch(b); h.apply(MetadataCommand::BeginControlledShutdown { id: BrokerId(b), epoch: e }) }
                 Op::Reregister(b) => h.apply(MetadataCommand::RegisterBroker {
                     id: BrokerId(b), address: "a:1".to_owned(), rack: None,
-                    incarnation_id: format!("i{}", h.version),
+                    incarnation_id: format!("i{}", h.version), internal_address: "a:2".to_owned(),
                 }),
                 Op::ShrinkIsr(p) => {
                     let part = h.partition("t", p);

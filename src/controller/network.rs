@@ -25,11 +25,12 @@ use openraft::raft::{
 use openraft::BasicNode;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use super::raft_types::TypeConfig;
 use crate::api::proto::raft_client::RaftClient;
 use crate::api::proto::RaftPayload;
+use crate::net::node_auth::{internal_channel, ClusterSecret};
 use crate::types::NodeId;
 
 /// How long a new connection to a peer may take.
@@ -38,10 +39,28 @@ const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 /// Longest error text kept in a log line or in the error handed to openraft.
 const ERROR_CHARS_MAX: usize = 160;
 
-/// Creates one [`PeerConnection`] per target controller.
-#[derive(Debug, Clone, Default)]
+/// Creates one [`PeerConnection`] per target controller, to the internal address
+/// configured for it (`--peers`; the address stored in the membership only when the
+/// target is not configured), authenticated with the cluster secret.
+#[derive(Debug, Clone)]
 pub struct Network {
     health: Arc<PeerHealth>,
+    peers: Arc<std::collections::BTreeMap<NodeId, String>>,
+    secret: Arc<ClusterSecret>,
+}
+
+impl Network {
+    /// A network to `peers` (internal addresses by id) that authenticates with `secret`.
+    pub fn new(
+        peers: std::collections::BTreeMap<NodeId, String>,
+        secret: Arc<ClusterSecret>,
+    ) -> Self {
+        Self {
+            health: Arc::default(),
+            peers: Arc::new(peers),
+            secret,
+        }
+    }
 }
 
 /// Whether each peer answered its last RPC, shared by every connection to it (openraft
@@ -110,19 +129,14 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerConnection;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerConnection {
-        let client = Endpoint::from_shared(format!("http://{}", node.addr))
+        let address = self.peers.get(&target).unwrap_or(&node.addr).clone();
+        let client = internal_channel(&address, self.secret.clone(), CONNECT_TIMEOUT)
             .ok()
-            .map(|e| {
-                RaftClient::new(
-                    e.connect_timeout(CONNECT_TIMEOUT)
-                        .tcp_nodelay(true)
-                        .connect_lazy(),
-                )
-            });
+            .map(RaftClient::new);
         PeerConnection {
             target,
             client,
-            address: node.addr.clone(),
+            address,
             health: self.health.clone(),
         }
     }

@@ -118,7 +118,10 @@ pub struct NodeStatus {
 /// A running controller.
 pub struct ControllerNode {
     id: NodeId,
+    /// Every controller's internal address, by id.
     peers: BTreeMap<NodeId, String>,
+    /// Where clients reach this controller.
+    client_address: String,
     raft: MetadataRaft,
     store: Arc<MetadataStore>,
     log_store: LogStore,
@@ -179,8 +182,13 @@ fn claim_data_dir(data_dir: &std::path::Path, node_id: NodeId) -> Result<(), Sta
 
 impl ControllerNode {
     /// Opens the data directory, starts Raft and, on a fresh quorum, initializes it with the
-    /// configured peers. Fails when the peers disagree with the stored membership.
-    pub async fn start(config: &ControllerConfig) -> Result<Arc<Self>, StartupError> {
+    /// configured peers (internal addresses, reached with `secret`). Fails when the peers'
+    /// ids disagree with the stored membership; addresses may change (the configured ones
+    /// are used).
+    pub async fn start(
+        config: &ControllerConfig,
+        secret: Arc<crate::net::node_auth::ClusterSecret>,
+    ) -> Result<Arc<Self>, StartupError> {
         config.validate().map_err(|e| StartupError::Config(e.0))?;
         let peers = config.peer_map().map_err(|e| StartupError::Config(e.0))?;
         claim_data_dir(&config.data_dir, config.node_id)?;
@@ -206,7 +214,7 @@ impl ControllerNode {
         let raft = MetadataRaft::new(
             config.node_id,
             Arc::new(raft_config),
-            Network::default(),
+            Network::new(peers.clone(), secret),
             log_store.clone(),
             state_machine,
         )
@@ -228,7 +236,7 @@ impl ControllerNode {
                 .nodes()
                 .map(|(id, n)| (*id, n.addr.clone()))
                 .collect();
-            if stored != peers {
+            if !stored.keys().eq(peers.keys()) {
                 let _ = raft.shutdown().await;
                 return Err(StartupError::Config(format!(
                     "--peers {} disagrees with the membership stored in {}: {}",
@@ -236,6 +244,9 @@ impl ControllerNode {
                     config.data_dir.display(),
                     format_peers(&stored)
                 )));
+            }
+            if stored != peers {
+                tracing::info!(stored = %format_peers(&stored), peers = %format_peers(&peers), "controller addresses differ from the stored membership; using --peers");
             }
         } else {
             tracing::info!(peers = %format_peers(&peers), "initializing a new controller quorum");
@@ -247,6 +258,7 @@ impl ControllerNode {
         Ok(Arc::new(Self {
             id: config.node_id,
             peers,
+            client_address: config.listen.clone(),
             raft,
             store,
             log_store,
@@ -268,7 +280,7 @@ impl ControllerNode {
         self.id
     }
 
-    /// Every controller's address by id.
+    /// Every controller's internal address by id.
     pub fn peers(&self) -> &BTreeMap<NodeId, String> {
         &self.peers
     }
@@ -293,7 +305,7 @@ impl ControllerNode {
         &self.data_dir
     }
 
-    /// The leader's id and address, if known.
+    /// The leader's id and internal address, if known.
     pub fn leader(&self) -> Option<(NodeId, String)> {
         let leader = self.raft.metrics().borrow().current_leader?;
         Some((leader, self.peers.get(&leader)?.clone()))
@@ -642,6 +654,7 @@ impl ControllerNode {
         &self,
         id: BrokerId,
         address: String,
+        internal_address: String,
         rack: Option<String>,
         incarnation_id: String,
     ) -> Result<(u64, String, u64), ControllerError> {
@@ -650,6 +663,12 @@ impl ControllerNode {
             return Err(ControllerError::rejected(
                 ErrorCode::InvalidRequest,
                 "incarnation_id must not be empty",
+            ));
+        }
+        if internal_address.is_empty() {
+            return Err(ControllerError::rejected(
+                ErrorCode::InvalidRequest,
+                "internal_address must name the broker's internal listener (host:port)",
             ));
         }
         let existing = self.store.read(|image, _| image.brokers.get(&id).cloned());
@@ -686,6 +705,7 @@ impl ControllerNode {
         let cmd = MetadataCommand::RegisterBroker {
             id,
             address,
+            internal_address,
             rack,
             incarnation_id,
         };
@@ -822,7 +842,7 @@ impl ControllerNode {
         let applied = m.last_applied.map_or(0, |l| l.index);
         NodeStatus {
             id: self.id,
-            address: self.peers.get(&self.id).cloned().unwrap_or_default(),
+            address: self.client_address.clone(),
             role: role_name(m.state),
             term: m.current_term,
             commit_index: committed.unwrap_or(applied).max(applied),
@@ -947,6 +967,28 @@ impl ControllerNode {
                     .await
                 {
                     tracing::warn!(broker_id = %id, error = %e, "could not fence broker");
+                }
+            }
+        }
+    }
+
+    /// Until `cancel`: exits the process (status 70) if the Raft core stops on its own —
+    /// a panic or a fatal storage error — so that a supervisor restarts this controller
+    /// instead of it serving on as a zombie that still answers but decides nothing.
+    pub async fn watch_core(self: Arc<Self>, cancel: CancellationToken) {
+        let mut metrics = self.raft.metrics();
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                changed = metrics.changed() => {
+                    if changed.is_ok() {
+                        continue;
+                    }
+                    if cancel.is_cancelled() {
+                        return;
+                    }
+                    tracing::error!(node_id = self.id, "the Raft core stopped unexpectedly (a panic or a fatal storage error); exiting so that a supervisor restarts this controller");
+                    std::process::exit(70);
                 }
             }
         }

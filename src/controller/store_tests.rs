@@ -43,6 +43,7 @@ fn entry(term: u64, index: u64) -> Entry<TypeConfig> {
             address: format!("127.0.0.1:{index}"),
             rack: None,
             incarnation_id: "x".repeat(40),
+            internal_address: format!("127.0.0.1:{}", index + 100),
         }),
     }
 }
@@ -239,5 +240,24 @@ fn metadata_history_answers_deltas_or_a_full_image() {
             MetadataDelta::Changes { changes, .. } => assert!(changes.is_empty()),
             other => panic!("{other:?}"),
         }
+    });
+}
+
+#[test]
+fn inverted_ranges_read_nothing_instead_of_panicking() {
+    runtime().block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = LogStore::open(dir.path()).unwrap();
+        append(&mut log, (1..=10).map(|i| entry(1, i)).collect()).await;
+        #[allow(clippy::reversed_empty_ranges)]
+        let inverted = log.try_get_log_entries(8..3).await.unwrap();
+        assert!(inverted.is_empty());
+        use std::ops::Bound::Excluded;
+        let empty = log
+            .try_get_log_entries((Excluded(5u64), Excluded(5u64)))
+            .await
+            .unwrap();
+        assert!(empty.is_empty());
+        assert_eq!(log.try_get_log_entries(3..=5).await.unwrap().len(), 3);
     });
 }

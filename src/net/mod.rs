@@ -12,6 +12,11 @@
 //!
 //! Idle established connections are closed by the gRPC server's HTTP/2 keepalive (see
 //! the roles), not here.
+//!
+//! An internal listener (node-to-node RPCs) first runs the node handshake of
+//! [`node_auth`] on every connection, then the same checks.
+
+pub mod node_auth;
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -73,6 +78,9 @@ pub fn classify(first: &[u8]) -> Preface {
         };
     }
     let guess = match first {
+        [b'T', b'L', b'N', b'O', b'D', b'E', ..] => {
+            "the node handshake (a tidelog node on a client port? --peers and --controllers name internal addresses)"
+        }
         [0x16, 0x03, ..] => "TLS (a client expecting TLS?)",
         [b'G' | b'P' | b'H' | b'D' | b'O', ..] if first.contains(&b' ') => "HTTP/1",
         // Kafka: a big-endian i32 size, then api_key i16 (< 100) and api_version i16.
@@ -164,11 +172,13 @@ impl LogLimiter {
 }
 
 /// Accepts on `listener` until `cancel`, checking each connection as the module doc
-/// says; the stream yields the connections for the gRPC server.
+/// says (with the node handshake first when `nodes` is given: an internal listener); the
+/// stream yields the connections for the gRPC server.
 pub fn serve_incoming(
     listener: TcpListener,
     limits: ListenerLimits,
     what: &'static str,
+    nodes: Option<Arc<node_auth::ClusterSecret>>,
     cancel: CancellationToken,
 ) -> impl futures_util::Stream<Item = Result<Conn, std::io::Error>> {
     let (tx, rx) = mpsc::channel(ACCEPTED_QUEUE);
@@ -207,9 +217,10 @@ pub fn serve_incoming(
                 continue;
             };
             let _ = stream.set_nodelay(true);
-            let (tx, logs) = (tx.clone(), logs.clone());
+            let (tx, logs, nodes) = (tx.clone(), logs.clone(), nodes.clone());
             tokio::spawn(async move {
-                match handshake(&stream, limits.handshake_timeout).await {
+                let mut stream = stream;
+                match handshake(&mut stream, nodes.as_deref(), limits.handshake_timeout).await {
                     Ok(()) => {
                         let _ = tx
                             .send(Ok(Conn {
@@ -220,7 +231,11 @@ pub fn serve_incoming(
                     }
                     Err(why) => {
                         if logs.allow(&peer.ip().to_string()) {
-                            tracing::warn!(listener = what, %peer, "closing a connection that does not speak gRPC: {why}");
+                            if nodes.is_some() {
+                                tracing::warn!(listener = what, %peer, "closing a connection that is not an authenticated tidelog node: {why}");
+                            } else {
+                                tracing::warn!(listener = what, %peer, "closing a connection that does not speak gRPC: {why}");
+                            }
                         }
                     }
                 }
@@ -230,9 +245,25 @@ pub fn serve_incoming(
     futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) })
 }
 
-/// Waits until `stream` has sent the HTTP/2 preface (peeking, so nothing is consumed).
-async fn handshake(stream: &TcpStream, timeout: Duration) -> Result<(), String> {
+/// Runs the node handshake when `nodes` is given, then waits until `stream` has sent the
+/// HTTP/2 preface (peeking, so nothing of it is consumed); all within `timeout`.
+async fn handshake(
+    stream: &mut TcpStream,
+    nodes: Option<&node_auth::ClusterSecret>,
+    timeout: Duration,
+) -> Result<(), String> {
     let deadline = tokio::time::Instant::now() + timeout;
+    if let Some(secret) = nodes {
+        match tokio::time::timeout_at(deadline, node_auth::server_handshake(stream, secret)).await {
+            Err(_) => {
+                return Err(format!(
+                    "no node handshake within {} ms",
+                    timeout.as_millis()
+                ))
+            }
+            Ok(result) => result?,
+        }
+    }
     let mut buf = [0u8; HTTP2_PREFACE.len()];
     loop {
         let n = match tokio::time::timeout_at(deadline, stream.peek(&mut buf)).await {
@@ -293,7 +324,7 @@ mod tests {
             connections_max: 2,
             handshake_timeout: Duration::from_millis(200),
         };
-        let incoming = serve_incoming(listener, limits, "test", cancel.clone());
+        let incoming = serve_incoming(listener, limits, "test", None, cancel.clone());
         tokio::pin!(incoming);
         // Half a preface, then silence: closed after the timeout.
         let mut silent = TcpStream::connect(addr).await.unwrap();

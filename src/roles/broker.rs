@@ -7,11 +7,12 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::{announce_ready, bind, shutdown_signal, RoleError};
+use super::{announce_ready, bind, node_secret, shutdown_signal, RoleError};
 use crate::api::admin_service::ControllerAdminService;
 use crate::api::broker_admin_service::{AdminBackend, BrokerAdminService};
 use crate::api::broker_service::BrokerService;
 use crate::api::groups_service::GroupsService;
+use crate::api::port_guard::RefuseInternalLayer;
 use crate::api::proto::admin_server::AdminServer;
 use crate::api::proto::broker_server::BrokerServer;
 use crate::api::proto::groups_server::GroupsServer;
@@ -29,6 +30,7 @@ use crate::broker::BrokerNode;
 use crate::client::connection::parse_bootstrap;
 use crate::client::AdminClient;
 use crate::config::{BrokerConfig, ConfigLoadError};
+use crate::net::node_auth::ClusterSecret;
 use crate::replication::IsrChange;
 use crate::types::BrokerId;
 
@@ -40,12 +42,48 @@ pub struct BrokerRuntime {
     replicas: Arc<ReplicaManager>,
     isr_changes: parking_lot::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<IsrChange>>>,
     controllers: Vec<String>,
+    secret: Arc<ClusterSecret>,
     config: BrokerConfig,
 }
 
+/// Where a broker is reached: clients at `client`, other brokers at `internal`.
+#[derive(Debug, Clone)]
+pub struct AdvertisedAddresses {
+    /// The client port's address.
+    pub client: String,
+    /// The internal listener's address.
+    pub internal: String,
+}
+
+impl AdvertisedAddresses {
+    /// The configured advertised addresses, or the bound ones.
+    pub fn of(
+        config: &BrokerConfig,
+        client: std::net::SocketAddr,
+        internal: std::net::SocketAddr,
+    ) -> Self {
+        let or = |configured: &str, bound: std::net::SocketAddr| {
+            if configured.is_empty() {
+                bound.to_string()
+            } else {
+                configured.to_owned()
+            }
+        };
+        Self {
+            client: or(&config.advertised_address, client),
+            internal: or(&config.internal_advertised_address, internal),
+        }
+    }
+}
+
 impl BrokerRuntime {
-    /// Builds the broker (nothing runs yet). `advertised` is the address it registers.
-    pub fn new(config: &BrokerConfig, advertised: String) -> Result<Self, RoleError> {
+    /// Builds the broker (nothing runs yet). `advertised` are the addresses it registers;
+    /// it talks to other nodes with `secret`.
+    pub fn new(
+        config: &BrokerConfig,
+        advertised: AdvertisedAddresses,
+        secret: Arc<ClusterSecret>,
+    ) -> Result<Self, RoleError> {
         config.validate()?;
         let controllers = parse_bootstrap(&config.controllers).map_err(|e| {
             RoleError::Config(ConfigLoadError(format!("controllers: {}", e.message)))
@@ -88,12 +126,15 @@ impl BrokerRuntime {
                 ..ReplicationSettings::default()
             },
             isr_tx,
+            secret.clone(),
         ));
         let link = Arc::new(ControllerLink::new(
             controllers.clone(),
+            secret.clone(),
             BrokerIdentity {
                 id,
-                address: advertised,
+                address: advertised.client,
+                internal_address: advertised.internal,
                 rack: (!config.rack.is_empty()).then(|| config.rack.clone()),
             },
             Duration::from_millis(config.broker_heartbeat_interval_ms),
@@ -120,12 +161,14 @@ impl BrokerRuntime {
             replicas,
             isr_changes: parking_lot::Mutex::new(Some(isr_rx)),
             controllers,
+            secret,
             config: config.clone(),
         })
     }
 
-    /// The broker's gRPC services: Broker and Admin. Admin calls go to `local` when
-    /// given (standalone), else to the controllers.
+    /// The broker's gRPC services: Broker, Admin and Groups for the client port,
+    /// Replication for the internal one. Admin calls go to `local` when given
+    /// (standalone), else to the controllers.
     pub fn services(
         &self,
         local: Option<ControllerAdminService>,
@@ -135,19 +178,20 @@ impl BrokerRuntime {
         ReplicationServer<ReplicationService>,
         GroupsServer<GroupsService>,
     ) {
-        let auto_create = self
-            .config
-            .auto_create_topics_enable
-            .then(|| AdminClient::new(self.controllers.clone(), Duration::from_secs(30)));
+        let controllers = || {
+            AdminClient::internal(
+                self.controllers.clone(),
+                Duration::from_secs(30),
+                self.secret.clone(),
+            )
+        };
+        let auto_create = self.config.auto_create_topics_enable.then(controllers);
         let broker = BrokerServer::new(BrokerService::new(self.node.clone(), auto_create))
             .max_decoding_message_size(self.config.max_request_bytes)
             .max_encoding_message_size(self.config.fetch_max_bytes + 1024 * 1024);
         let backend = match local {
             Some(service) => AdminBackend::Local(Box::new(service)),
-            None => AdminBackend::Remote(Box::new(AdminClient::new(
-                self.controllers.clone(),
-                Duration::from_secs(30),
-            ))),
+            None => AdminBackend::Remote(Box::new(controllers())),
         };
         let admin = AdminServer::new(BrokerAdminService::new(backend, self.node.clone()));
         let replication = ReplicationServer::new(ReplicationService::new(self.node.clone()))
@@ -156,7 +200,7 @@ impl BrokerRuntime {
         let groups = GroupsServer::new(GroupsService::new(
             self.node.clone(),
             self.groups.clone(),
-            AdminClient::new(self.controllers.clone(), Duration::from_secs(30)),
+            controllers(),
         ));
         (broker, admin, replication, groups)
     }
@@ -271,13 +315,12 @@ impl BrokerRuntime {
 /// Runs a broker until SIGTERM or Ctrl-C.
 pub async fn run(config: BrokerConfig) -> Result<(), RoleError> {
     config.validate()?;
+    let internal_listen = config.internal_listen_address()?;
+    let secret = node_secret(&config.cluster_secret_file, &internal_listen)?;
     let (listener, address) = bind(&config.listen).await?;
-    let advertised = if config.advertised_address.is_empty() {
-        address.to_string()
-    } else {
-        config.advertised_address.clone()
-    };
-    let runtime = BrokerRuntime::new(&config, advertised)?;
+    let (internal_listener, internal_address) = bind(&internal_listen).await?;
+    let advertised = AdvertisedAddresses::of(&config, address, internal_address);
+    let runtime = BrokerRuntime::new(&config, advertised, secret.clone())?;
     let cancel = CancellationToken::new();
     let server_cancel = CancellationToken::new();
     let tasks = TaskTracker::new();
@@ -285,28 +328,40 @@ pub async fn run(config: BrokerConfig) -> Result<(), RoleError> {
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<BrokerServer<BrokerService>>().await;
     let (reflection, reflection_alpha) = super::reflection(super::BROKER_SERVICES)?;
-    let server = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(broker)
-            .add_service(admin)
-            .add_service(replication)
-            .add_service(groups)
-            .add_service(health_service)
-            .add_service(reflection)
-            .add_service(reflection_alpha)
-            .serve_with_incoming_shutdown(
-                crate::net::serve_incoming(
-                    listener,
-                    config.listener_limits(),
-                    "broker",
-                    server_cancel.clone(),
-                ),
-                server_cancel.clone().cancelled_owned(),
+    let client = tonic::transport::Server::builder()
+        .layer(RefuseInternalLayer)
+        .add_service(broker)
+        .add_service(admin)
+        .add_service(groups)
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(reflection_alpha)
+        .serve_with_incoming_shutdown(
+            crate::net::serve_incoming(
+                listener,
+                config.listener_limits(),
+                "broker",
+                None,
+                server_cancel.clone(),
             ),
-    );
+            server_cancel.clone().cancelled_owned(),
+        );
+    let internal = tonic::transport::Server::builder()
+        .add_service(replication)
+        .serve_with_incoming_shutdown(
+            crate::net::serve_incoming(
+                internal_listener,
+                config.listener_limits(),
+                "broker internal",
+                Some(secret),
+                server_cancel.clone(),
+            ),
+            server_cancel.clone().cancelled_owned(),
+        );
+    let server = tokio::spawn(async move { tokio::try_join!(client, internal).map(|_| ()) });
     let stop = shutdown_signal();
     runtime.start(&tasks, &cancel).await?;
-    tracing::info!(broker_id = config.broker_id, %address, data_dir = %config.data_dir.display(), "broker started");
+    tracing::info!(broker_id = config.broker_id, %address, %internal_address, data_dir = %config.data_dir.display(), "broker started");
     announce_ready("broker", address);
     let result = runtime
         .run_until_stopped(server, stop, cancel, server_cancel, tasks)

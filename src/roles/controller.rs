@@ -5,35 +5,46 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::{announce_ready, bind, shutdown_signal, RoleError};
+use super::{announce_ready, bind, node_secret, shutdown_signal, RoleError};
 use crate::api::admin_service::ControllerAdminService;
 use crate::api::controller_service::ControllerService;
 use crate::api::forward::PeerChannels;
+use crate::api::port_guard::RefuseInternalLayer;
 use crate::api::proto::admin_server::AdminServer;
 use crate::api::proto::controller_server::ControllerServer;
 use crate::api::proto::raft_server::RaftServer;
 use crate::api::raft_service::RaftService;
 use crate::config::ControllerConfig;
 use crate::controller::ControllerNode;
+use crate::net::node_auth::ClusterSecret;
 
 /// Largest gRPC message between controllers (Raft batches and snapshot chunks).
 const RAFT_MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
 
 /// Runs a controller until SIGTERM or Ctrl-C.
-pub async fn run(config: ControllerConfig) -> Result<(), RoleError> {
+pub async fn run(mut config: ControllerConfig) -> Result<(), RoleError> {
     config.validate()?;
+    let internal_listen = config.internal_listen_address()?;
+    let secret = node_secret(&config.cluster_secret_file, &internal_listen)?;
     let (listener, address) = bind(&config.listen).await?;
-    let node = ControllerNode::start(&config).await?;
+    let (internal_listener, internal_address) = bind(&internal_listen).await?;
+    config.listen = address.to_string();
+    let node = ControllerNode::start(&config, secret.clone()).await?;
     let cancel = CancellationToken::new();
     let tasks = TaskTracker::new();
     tasks.spawn(node.clone().run_housekeeping(cancel.clone()));
+    tasks.spawn(node.clone().watch_core(cancel.clone()));
     let server = tasks.spawn(serve(
         node.clone(),
-        listener,
-        config.listener_limits(),
+        Listeners {
+            client: listener,
+            internal: internal_listener,
+            limits: config.listener_limits(),
+        },
+        secret,
         cancel.clone(),
     ));
-    tracing::info!(node_id = node.id(), %address, data_dir = %config.data_dir.display(), "controller started");
+    tracing::info!(node_id = node.id(), %address, %internal_address, data_dir = %config.data_dir.display(), "controller started");
     let stop = shutdown_signal();
     announce_ready("controller", address);
     tokio::select! {
@@ -54,20 +65,49 @@ pub async fn run(config: ControllerConfig) -> Result<(), RoleError> {
     Ok(())
 }
 
-/// Serves the controller's gRPC services on `listener` (within `limits`) until `cancel`.
+/// A controller's two bound ports.
+pub struct Listeners {
+    /// Clients: Admin, health, reflection.
+    pub client: tokio::net::TcpListener,
+    /// Nodes: Raft, Controller, forwarded Admin.
+    pub internal: tokio::net::TcpListener,
+    /// Limits of each.
+    pub limits: crate::net::ListenerLimits,
+}
+
+/// Serves the controller's gRPC services on its two ports until `cancel`.
 pub async fn serve(
     node: Arc<ControllerNode>,
-    listener: tokio::net::TcpListener,
-    limits: crate::net::ListenerLimits,
+    listeners: Listeners,
+    secret: Arc<ClusterSecret>,
     cancel: CancellationToken,
 ) -> Result<(), RoleError> {
-    let peers = Arc::new(PeerChannels::default());
+    let peers = Arc::new(PeerChannels::new(secret.clone()));
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_serving::<AdminServer<ControllerAdminService>>()
         .await;
     let (reflection, reflection_alpha) = super::reflection(super::CONTROLLER_SERVICES)?;
-    tonic::transport::Server::builder()
+    let client = tonic::transport::Server::builder()
+        .layer(RefuseInternalLayer)
+        .add_service(AdminServer::new(ControllerAdminService::new(
+            node.clone(),
+            peers.clone(),
+        )))
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(reflection_alpha)
+        .serve_with_incoming_shutdown(
+            crate::net::serve_incoming(
+                listeners.client,
+                listeners.limits,
+                "controller",
+                None,
+                cancel.clone(),
+            ),
+            cancel.clone().cancelled_owned(),
+        );
+    let internal = tonic::transport::Server::builder()
         .add_service(
             RaftServer::new(RaftService::new(node.clone()))
                 .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)
@@ -78,13 +118,16 @@ pub async fn serve(
             peers.clone(),
         )))
         .add_service(AdminServer::new(ControllerAdminService::new(node, peers)))
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(reflection_alpha)
         .serve_with_incoming_shutdown(
-            crate::net::serve_incoming(listener, limits, "controller", cancel.clone()),
+            crate::net::serve_incoming(
+                listeners.internal,
+                listeners.limits,
+                "controller internal",
+                Some(secret),
+                cancel.clone(),
+            ),
             cancel.cancelled_owned(),
-        )
-        .await?;
+        );
+    tokio::try_join!(client, internal)?;
     Ok(())
 }

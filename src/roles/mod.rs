@@ -1,15 +1,24 @@
 //! The long-running roles (`controller`, `broker`, `standalone`):
-//! wiring of configuration, node, gRPC server, background tasks and shutdown.
+//! wiring of configuration, node, gRPC servers, background tasks and shutdown.
 //!
-//! Every role binds its listener first (so a taken port fails at once), prints
-//! `tidelog <role> ready on <ADDR>` on stdout when it serves, and stops cleanly on SIGTERM
-//! or Ctrl-C: it stops accepting requests, cancels its background tasks and waits for them.
+//! Every role binds its listeners first (so a taken port fails at once), prints
+//! `tidelog <role> ready on <ADDR>` (the client port) on stdout when it serves, and stops
+//! cleanly on SIGTERM or Ctrl-C: it stops accepting requests, cancels its background tasks
+//! and waits for them.
+//!
+//! Each role serves two ports. The client port serves the public services and refuses
+//! the internal ones ([`crate::api::port_guard`]); the internal port serves only the
+//! internal services (Raft, broker lifecycle, replication, and Admin for calls forwarded
+//! by other nodes), to nodes that pass the handshake of [`crate::net::node_auth`].
 
 pub mod broker;
 pub mod controller;
 pub mod standalone;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+
+use crate::net::node_auth::ClusterSecret;
 
 use tonic_reflection::server::{v1, v1alpha};
 
@@ -126,10 +135,56 @@ pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     }
 }
 
+/// The cluster secret of a node whose internal listener is `internal` (as configured,
+/// checked before binding): read from `file`; without one, the well-known key of an
+/// unauthenticated cluster, allowed only when the internal listener is on loopback (with
+/// a warning).
+pub fn node_secret(file: &str, internal: &str) -> Result<Arc<ClusterSecret>, RoleError> {
+    if !file.is_empty() {
+        return ClusterSecret::from_file(std::path::Path::new(file))
+            .map(Arc::new)
+            .map_err(|e| RoleError::Config(crate::config::ConfigLoadError(e)));
+    }
+    if !is_loopback(internal) {
+        return Err(RoleError::Config(crate::config::ConfigLoadError(format!(
+            "the internal listener {internal} is reachable from other hosts, so cluster_secret_file must be set (a file with a secret of at least 16 bytes that every node shares; see docs/operations.md)"
+        ))));
+    }
+    tracing::warn!(%internal, "no cluster_secret_file: internal RPCs on loopback are not authenticated (any local process can call them); set cluster_secret_file to require the cluster secret");
+    Ok(Arc::new(ClusterSecret::unauthenticated()))
+}
+
+/// Whether `address` (`host:port`) can only be reached from this machine.
+fn is_loopback(address: &str) -> bool {
+    if let Ok(a) = address.parse::<SocketAddr>() {
+        return a.ip().is_loopback();
+    }
+    address
+        .rsplit_once(':')
+        .is_some_and(|(host, _)| host.eq_ignore_ascii_case("localhost"))
+}
+
 /// Prints the ready line scripts and tests wait for.
 pub fn announce_ready(role: &str, address: SocketAddr) {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "tidelog {role} ready on {address}");
     let _ = out.flush();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_loopback_internal_listeners_may_go_without_a_secret() {
+        assert!(is_loopback("127.0.0.1:9393"));
+        assert!(is_loopback("[::1]:9393"));
+        assert!(is_loopback("localhost:9393"));
+        assert!(!is_loopback("0.0.0.0:9393"));
+        assert!(!is_loopback("10.1.2.3:9393"));
+        assert!(!is_loopback("controller-1:9393"));
+        assert!(node_secret("", "10.1.2.3:9393").is_err());
+        assert!(!node_secret("", "127.0.0.1:0").unwrap().is_authenticated());
+    }
 }

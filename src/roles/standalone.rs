@@ -1,83 +1,112 @@
-//! `tidelog standalone`: a single-voter controller quorum and broker 1 in one process, on
-//! one port: the zero-setup default. The broker talks to its controller over loopback
-//! gRPC, exactly as a separate broker would; the controller's Raft log and snapshots live
-//! in `<data-dir>/metadata/`, partitions in `<data-dir>/<topic>-<partition>/`.
+//! `tidelog standalone`: a single-voter controller quorum and broker 1 in one process,
+//! serving clients on one port: the zero-setup default. The broker talks to its controller
+//! over loopback gRPC, exactly as a separate broker would, through an internal listener
+//! that by default is an ephemeral loopback port guarded by a random secret (only this
+//! process can use it); set `internal_listen` (and `cluster_secret_file`) to let other
+//! nodes in. The controller's Raft log and snapshots live in `<data-dir>/metadata/`,
+//! partitions in `<data-dir>/<topic>-<partition>/`.
+
+use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::broker::BrokerRuntime;
-use super::{announce_ready, bind, shutdown_signal, RoleError};
+use super::broker::{AdvertisedAddresses, BrokerRuntime};
+use super::{announce_ready, bind, node_secret, shutdown_signal, RoleError};
 use crate::api::admin_service::ControllerAdminService;
 use crate::api::broker_service::BrokerService;
 use crate::api::controller_service::ControllerService;
 use crate::api::forward::PeerChannels;
+use crate::api::port_guard::RefuseInternalLayer;
+use crate::api::proto::admin_server::AdminServer;
 use crate::api::proto::broker_server::BrokerServer;
 use crate::api::proto::controller_server::ControllerServer;
 use crate::api::proto::raft_server::RaftServer;
 use crate::api::raft_service::RaftService;
 use crate::config::{BrokerConfig, ControllerConfig};
 use crate::controller::ControllerNode;
+use crate::net::node_auth::ClusterSecret;
 
 /// Runs controller and broker in one process until SIGTERM or Ctrl-C. `controller` and
-/// `broker` come from the same configuration layers; listen address and data directory are
-/// the broker's.
+/// `broker` come from the same configuration layers; listen addresses and data directory
+/// are the broker's.
 pub async fn run(
     mut controller: ControllerConfig,
     mut broker: BrokerConfig,
 ) -> Result<(), RoleError> {
-    let (listener, address) = bind(&broker.listen).await?;
-    let advertised = if broker.advertised_address.is_empty() {
-        address.to_string()
+    let private = broker.internal_listen.is_empty();
+    let (internal_bind, secret) = if private {
+        ("127.0.0.1:0", Arc::new(ClusterSecret::random()))
     } else {
-        broker.advertised_address.clone()
+        let secret = node_secret(&broker.cluster_secret_file, &broker.internal_listen)?;
+        (broker.internal_listen.as_str(), secret)
     };
+    let (listener, address) = bind(&broker.listen).await?;
+    let (internal_listener, internal_address) = bind(internal_bind).await?;
+    let advertised = AdvertisedAddresses::of(&broker, address, internal_address);
     controller.node_id = 1;
-    controller.listen = advertised.clone();
-    controller.peers = format!("1={advertised}");
+    controller.listen = advertised.client.clone();
+    controller.peers = format!("1={}", advertised.internal);
     controller.data_dir = broker.data_dir.join("metadata");
     controller.validate()?;
-    broker.controllers = advertised.clone();
-    let node = ControllerNode::start(&controller).await?;
-    let runtime = BrokerRuntime::new(&broker, advertised)?;
+    broker.controllers = advertised.internal.clone();
+    let node = ControllerNode::start(&controller, secret.clone()).await?;
+    let runtime = BrokerRuntime::new(&broker, advertised, secret.clone())?;
     let cancel = CancellationToken::new();
     let server_cancel = CancellationToken::new();
     let tasks = TaskTracker::new();
     tasks.spawn(node.clone().run_housekeeping(cancel.clone()));
-    let peers = std::sync::Arc::new(PeerChannels::default());
+    tasks.spawn(node.clone().watch_core(cancel.clone()));
+    let peers = Arc::new(PeerChannels::new(secret.clone()));
     let (broker_service, admin_service, replication_service, groups_service) = runtime.services(
         Some(ControllerAdminService::new(node.clone(), peers.clone())),
     );
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<BrokerServer<BrokerService>>().await;
     let (reflection, reflection_alpha) = super::reflection(super::BROKER_SERVICES)?;
-    let server = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(RaftServer::new(RaftService::new(node.clone())))
-            .add_service(ControllerServer::new(ControllerService::new(
-                node.clone(),
-                peers,
-            )))
-            .add_service(broker_service)
-            .add_service(admin_service)
-            .add_service(replication_service)
-            .add_service(groups_service)
-            .add_service(health_service)
-            .add_service(reflection)
-            .add_service(reflection_alpha)
-            .serve_with_incoming_shutdown(
-                crate::net::serve_incoming(
-                    listener,
-                    broker.listener_limits(),
-                    "standalone",
-                    server_cancel.clone(),
-                ),
-                server_cancel.clone().cancelled_owned(),
+    let client = tonic::transport::Server::builder()
+        .layer(RefuseInternalLayer)
+        .add_service(broker_service)
+        .add_service(admin_service)
+        .add_service(groups_service)
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(reflection_alpha)
+        .serve_with_incoming_shutdown(
+            crate::net::serve_incoming(
+                listener,
+                broker.listener_limits(),
+                "standalone",
+                None,
+                server_cancel.clone(),
             ),
-    );
+            server_cancel.clone().cancelled_owned(),
+        );
+    let internal = tonic::transport::Server::builder()
+        .add_service(RaftServer::new(RaftService::new(node.clone())))
+        .add_service(ControllerServer::new(ControllerService::new(
+            node.clone(),
+            peers.clone(),
+        )))
+        .add_service(AdminServer::new(ControllerAdminService::new(
+            node.clone(),
+            peers,
+        )))
+        .add_service(replication_service)
+        .serve_with_incoming_shutdown(
+            crate::net::serve_incoming(
+                internal_listener,
+                broker.listener_limits(),
+                "standalone internal",
+                Some(secret),
+                server_cancel.clone(),
+            ),
+            server_cancel.clone().cancelled_owned(),
+        );
+    let server = tokio::spawn(async move { tokio::try_join!(client, internal).map(|_| ()) });
     let stop = shutdown_signal();
     runtime.start(&tasks, &cancel).await?;
-    tracing::info!(%address, data_dir = %broker.data_dir.display(), "standalone started");
+    tracing::info!(%address, %internal_address, data_dir = %broker.data_dir.display(), "standalone started");
     announce_ready("standalone", address);
     let result = runtime
         .run_until_stopped(server, stop, cancel, server_cancel, tasks)

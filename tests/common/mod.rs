@@ -12,21 +12,61 @@ use std::time::{Duration, Instant};
 
 use tidelog::api::proto::{BrokerHeartbeatRequest, RegisterBrokerRequest};
 use tidelog::client::controller::ControllerClient;
+use tidelog::net::node_auth::ClusterSecret;
 
 /// The binary under test.
 pub fn binary() -> &'static str {
     env!("CARGO_BIN_EXE_tidelog")
 }
 
-/// `n` distinct free ports on 127.0.0.1 (bound together, then released).
+/// `n` distinct free ports on 127.0.0.1 whose default internal ports (+ 100) are free
+/// too (bound together, then released).
 pub fn free_ports(n: usize) -> Vec<u16> {
-    let listeners: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"))
-        .collect();
-    listeners
-        .iter()
-        .map(|l| l.local_addr().expect("addr").port())
-        .collect()
+    let mut held = Vec::new();
+    let mut ports = Vec::new();
+    while ports.len() < n {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        held.push(l);
+        let Some(internal) = port.checked_add(100) else {
+            continue;
+        };
+        if let Ok(i) = std::net::TcpListener::bind(("127.0.0.1", internal)) {
+            held.push(i);
+            ports.push(port);
+        }
+    }
+    ports
+}
+
+/// The default internal address of a node whose client address is `address`.
+pub fn internal_of(address: &str) -> String {
+    let (host, port) = address.rsplit_once(':').expect("host:port");
+    format!("{host}:{}", port.parse::<u16>().expect("port") + 100)
+}
+
+/// The cluster secret every test cluster shares.
+pub const TEST_SECRET: &str = "tidelog test cluster secret 0123456789";
+
+/// Writes [`TEST_SECRET`] into `dir` and returns the file's path.
+pub fn secret_file(dir: &Path) -> PathBuf {
+    let path = dir.join("cluster.secret");
+    std::fs::write(&path, TEST_SECRET).expect("secret file");
+    path
+}
+
+/// [`TEST_SECRET`], for clients that act as a node.
+pub fn node_secret() -> Arc<ClusterSecret> {
+    Arc::new(ClusterSecret::from_bytes(TEST_SECRET.as_bytes()).expect("secret"))
+}
+
+/// A node's client of the controllers whose client addresses are `controllers`.
+pub fn controller_client(controllers: &[String], timeout: Duration) -> ControllerClient {
+    ControllerClient::new(
+        controllers.iter().map(|a| internal_of(a)).collect(),
+        timeout,
+        node_secret(),
+    )
 }
 
 /// Raft timings that keep tests quick without spurious elections on a busy machine.
@@ -230,10 +270,10 @@ impl Controllers {
         c
     }
 
-    /// `1=addr,2=addr,...`.
+    /// `1=addr,2=addr,...` of the internal addresses.
     pub fn peers(&self) -> String {
         (1..=self.ports.len() as u64)
-            .map(|id| format!("{id}={}", self.address(id)))
+            .map(|id| format!("{id}={}", internal_of(&self.address(id))))
             .collect::<Vec<_>>()
             .join(",")
     }
@@ -267,6 +307,8 @@ impl Controllers {
             self.peers(),
             "--data-dir".into(),
             self.data_dir(id).display().to_string(),
+            "--cluster-secret-file".into(),
+            secret_file(self.dir.path()).display().to_string(),
         ]
     }
 
@@ -313,13 +355,15 @@ pub struct FakeBroker {
 }
 
 impl FakeBroker {
-    /// Registers broker `id` through `controllers` and starts heartbeating every 250 ms.
+    /// Registers broker `id` through `controllers` (client addresses) and starts
+    /// heartbeating every 250 ms.
     pub async fn start(controllers: Vec<String>, id: i32) -> FakeBroker {
-        let client = Arc::new(ControllerClient::new(controllers, Duration::from_secs(20)));
+        let client = Arc::new(controller_client(&controllers, Duration::from_secs(20)));
         let epoch = client
             .register_broker(RegisterBrokerRequest {
                 broker_id: id,
                 address: format!("127.0.0.1:{}", 40000 + id),
+                internal_address: format!("127.0.0.1:{}", 40100 + id),
                 rack: None,
                 incarnation_id: uuid::Uuid::new_v4().to_string(),
             })
@@ -399,7 +443,7 @@ impl BrokerCluster {
                 proxied.then(|| {
                     LinkProxy::start(
                         (1..=controllers.ports.len() as u64)
-                            .map(|id| controllers.address(id))
+                            .map(|id| internal_of(&controllers.address(id)))
                             .collect(),
                     )
                 })
@@ -443,6 +487,22 @@ impl BrokerCluster {
             .collect()
     }
 
+    /// Every controller's internal address (what brokers' `--controllers` names).
+    pub fn controller_internal_addresses(&self) -> Vec<String> {
+        self.controller_addresses()
+            .iter()
+            .map(|a| internal_of(a))
+            .collect()
+    }
+
+    /// The cluster secret file's flag, for nodes a test starts itself.
+    pub fn secret_args(&self) -> Vec<String> {
+        vec![
+            "--cluster-secret-file".into(),
+            secret_file(self.dir.path()).display().to_string(),
+        ]
+    }
+
     /// See the name.
     pub fn broker_address(&self, id: i32) -> String {
         format!("127.0.0.1:{}", self.broker_ports[id as usize - 1])
@@ -452,9 +512,9 @@ impl BrokerCluster {
     pub fn start_broker(&mut self, id: i32) {
         let controllers = match &self.links[id as usize - 1] {
             Some(proxy) => proxy.addresses.join(","),
-            None => self.controller_addresses().join(","),
+            None => self.controller_internal_addresses().join(","),
         };
-        let args = vec![
+        let mut args = vec![
             "--broker-id".into(),
             id.to_string(),
             "--listen".into(),
@@ -468,6 +528,7 @@ impl BrokerCluster {
                 .display()
                 .to_string(),
         ];
+        args.extend(self.secret_args());
         self.brokers[id as usize - 1] =
             Some(Proc::start("broker", &args, &self.envs(), self.dir.path()));
     }
@@ -613,4 +674,38 @@ pub async fn read_all(
         }
     }
     out
+}
+
+/// Runs `tidelog args` with `envs` until it exits or `within` passes (then kills it);
+/// returns (exited successfully, exited at all, stderr, elapsed).
+pub fn run_to_exit(
+    args: &[&str],
+    envs: &[(&str, &str)],
+    within: Duration,
+) -> (bool, bool, String, Duration) {
+    let dir = tempfile::tempdir().unwrap();
+    let err_path = dir.path().join("stderr");
+    let started = Instant::now();
+    let mut child = Command::new(binary())
+        .args(args)
+        .envs(envs.iter().copied())
+        .env_remove("TIDELOG_BOOTSTRAP")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .spawn()
+        .expect("spawn tidelog");
+    let (ok, exited) = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break (status.success(), true);
+        }
+        if started.elapsed() > within {
+            let _ = child.kill();
+            let _ = child.wait();
+            break (false, false);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
+    (ok, exited, stderr, started.elapsed())
 }
