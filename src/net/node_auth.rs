@@ -178,7 +178,10 @@ pub async fn client_handshake(
     stream.write_all(&hello).await.map_err(io)?;
     let mut answer = [0u8; 8 + NONCE + PROOF];
     if let Err(e) = stream.read_exact(&mut answer).await {
-        return Err(if e.kind() == std::io::ErrorKind::UnexpectedEof {
+        // An internal listener always answers the hello; a port that closes on it (EOF,
+        // or a reset because it did not read our bytes) is some other listener.
+        use std::io::ErrorKind::{ConnectionReset, UnexpectedEof};
+        return Err(if matches!(e.kind(), UnexpectedEof | ConnectionReset) {
             HandshakeError::NotInternal
         } else {
             io(e)
