@@ -77,13 +77,14 @@ error_codes! {
     NotCoordinator = "NOT_COORDINATOR", true, "This broker does not coordinate the group (any more); find the coordinator again.";
     CoordinatorLoadInProgress = "COORDINATOR_LOAD_IN_PROGRESS", true, "The coordinator is loading the group's offsets; retry shortly.";
     UnknownMemberId = "UNKNOWN_MEMBER_ID", false, "The group has no member with this id (it left or its session expired); join again.";
-    FencedMemberEpoch = "FENCED_MEMBER_EPOCH", false, "The member epoch is not the member's current one; join again.";
+    FencedMemberEpoch = "FENCED_MEMBER_EPOCH", false, "The member epoch is not the member's current one, or the member commits a partition it does not hold (it lost it); join again.";
     GroupNotEmpty = "GROUP_NOT_EMPTY", false, "The group has active members; stop them first.";
     GroupIdNotFound = "GROUP_ID_NOT_FOUND", false, "No such group.";
     NetworkException = "NETWORK_EXCEPTION", true, "The connection failed or broke (refused, reset, closed mid-request): the server may be down or restarting; the request may or may not have taken effect. Retry, after a metadata refresh for partition requests.";
     ControllerUnavailable = "CONTROLLER_UNAVAILABLE", true, "No controller answers (the quorum is down or cut off): metadata changes such as creating topics wait until it returns; produce and fetch keep working.";
     InvalidProducerEpoch = "INVALID_PRODUCER_EPOCH", false, "The producer epoch is older than the current one (a newer producer took over), or a new epoch does not start at sequence 0.";
     ClusterAuthorizationFailed = "CLUSTER_AUTHORIZATION_FAILED", false, "An internal (node-to-node) service was called on a client port; internal services are served only on the internal listener, to nodes holding the cluster secret.";
+    InconsistentTopicId = "INCONSISTENT_TOPIC_ID", true, "The topic id does not match this broker's partition: the topic was deleted and re-created under the same name; refresh metadata.";
 }
 
 impl fmt::Display for ErrorCode {

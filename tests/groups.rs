@@ -14,8 +14,13 @@ use common::{
     binary, cli, eventually, free_ports, standalone_with, BrokerCluster, Proc, FAST_RAFT,
 };
 use tidelog::api::proto::groups_client::GroupsClient;
-use tidelog::api::proto::FindCoordinatorRequest;
+use tidelog::api::proto::{
+    CommittedOffset, FindCoordinatorRequest, GroupHeartbeatRequest, OffsetCommitRequest,
+    OffsetFetchRequest, TopicPartitions,
+};
+use tidelog::api::status::code_of;
 use tidelog::client::AdminClient;
+use tidelog::error_code::ErrorCode;
 
 /// A `tidelog consume --group` process writing JSON lines to a file.
 struct Member {
@@ -516,4 +521,153 @@ async fn superseded_commits_are_cleaned_up() {
         vec![990, 991],
         "latest commits survive the clean-up and a restart"
     );
+}
+
+/// One heartbeat of a member driven by hand; returns (member id, epoch, assignment).
+async fn beat(
+    groups: &mut GroupsClient<tonic::transport::Channel>,
+    member: &str,
+    epoch: i32,
+    owned: &[u32],
+) -> (String, i32, Vec<u32>) {
+    let r = groups
+        .group_heartbeat(GroupHeartbeatRequest {
+            group: "g".into(),
+            member_id: member.into(),
+            member_epoch: epoch,
+            topics: vec!["moves".into()],
+            session_timeout_ms: 30_000,
+            owned: vec![TopicPartitions {
+                topic: "moves".into(),
+                partitions: owned.to_vec(),
+            }],
+            ..Default::default()
+        })
+        .await
+        .expect("heartbeat")
+        .into_inner();
+    let assignment = r.assignment.iter().flat_map(|t| t.partitions.clone());
+    (r.member_id, r.member_epoch, assignment.collect())
+}
+
+async fn commit_at(
+    groups: &mut GroupsClient<tonic::transport::Channel>,
+    member: &str,
+    epoch: i32,
+    partition: u32,
+    offset: i64,
+) -> Result<(), tonic::Status> {
+    groups
+        .offset_commit(OffsetCommitRequest {
+            group: "g".into(),
+            member_id: member.into(),
+            member_epoch: epoch,
+            offsets: vec![CommittedOffset {
+                topic: "moves".into(),
+                partition,
+                offset,
+                metadata: String::new(),
+            }],
+        })
+        .await
+        .map(|_| ())
+}
+
+/// A member commits only the partitions it holds or was given: once a partition moved to
+/// another member, the first member's late commit of it is refused and the new holder's
+/// offset stays; a member that rejoins (its session lost) cannot claim its old partitions
+/// by listing them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_cannot_commit_a_partition_it_gave_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_ports(1)[0];
+    let _server = standalone_with(dir.path(), port, &[]);
+    let bootstrap = format!("127.0.0.1:{port}");
+    AdminClient::new(vec![bootstrap.clone()], Duration::from_secs(10))
+        .create_topic("moves", Some(2), Some(1), Default::default())
+        .await
+        .unwrap();
+    let mut groups = GroupsClient::connect(format!("http://{bootstrap}"))
+        .await
+        .unwrap();
+    eventually("the coordinator is ready", Duration::from_secs(30), || {
+        let mut groups = groups.clone();
+        async move {
+            groups
+                .find_coordinator(FindCoordinatorRequest { group: "g".into() })
+                .await
+                .ok()?;
+            groups
+                .offset_fetch(OffsetFetchRequest {
+                    group: "g".into(),
+                    ..Default::default()
+                })
+                .await
+                .ok()
+        }
+    })
+    .await;
+
+    // A alone gets both partitions and takes them.
+    let (a, mut a_epoch, a_target) = beat(&mut groups, "", 0, &[]).await;
+    assert_eq!(a_target, vec![0, 1]);
+    (_, a_epoch, _) = beat(&mut groups, &a, a_epoch, &[0, 1]).await;
+    commit_at(&mut groups, &a, a_epoch, 1, 10).await.unwrap();
+
+    // B joins; A gives up one partition, which B then takes.
+    let (b, mut b_epoch, _) = beat(&mut groups, "", 0, &[]).await;
+    let mut a_held = vec![0, 1];
+    let mut b_held = Vec::new();
+    for _ in 0..20 {
+        let (_, e, target) = beat(&mut groups, &a, a_epoch, &a_held).await;
+        (a_epoch, a_held) = (e, target);
+        let (_, e, target) = beat(&mut groups, &b, b_epoch, &b_held).await;
+        (b_epoch, b_held) = (e, target);
+        if a_held.len() == 1 && b_held.len() == 1 {
+            break;
+        }
+    }
+    assert_eq!(a_held.len() + b_held.len(), 2, "A {a_held:?} B {b_held:?}");
+    let moved = b_held[0];
+    // B's heartbeat above reported nothing held yet; now it does.
+    (_, b_epoch, _) = beat(&mut groups, &b, b_epoch, &b_held).await;
+    commit_at(&mut groups, &b, b_epoch, moved, 50)
+        .await
+        .unwrap();
+
+    // A's late commit of the partition it gave up is refused and changes nothing.
+    let err = commit_at(&mut groups, &a, a_epoch, moved, 5)
+        .await
+        .unwrap_err();
+    assert_eq!(code_of(&err), ErrorCode::FencedMemberEpoch, "{err:?}");
+    assert!(err.message().contains("does not hold"), "{err:?}");
+    let committed = |groups: &mut GroupsClient<tonic::transport::Channel>| {
+        let mut groups = groups.clone();
+        async move {
+            groups
+                .offset_fetch(OffsetFetchRequest {
+                    group: "g".into(),
+                    partitions: vec![TopicPartitions {
+                        topic: "moves".into(),
+                        partitions: vec![moved],
+                    }],
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .offsets[0]
+                .offset
+        }
+    };
+    assert_eq!(committed(&mut groups).await, 50);
+
+    // A rejoins as a new member listing B's partition as held: it holds nothing, so its
+    // commit of that partition is refused too.
+    let (a2, a2_epoch, _) = beat(&mut groups, "", 0, &[moved]).await;
+    let err = commit_at(&mut groups, &a2, a2_epoch, moved, 7)
+        .await
+        .unwrap_err();
+    assert_eq!(code_of(&err), ErrorCode::FencedMemberEpoch, "{err:?}");
+    assert_eq!(committed(&mut groups).await, 50);
 }

@@ -11,17 +11,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{eventually, BrokerCluster};
+use common::{eventually, internal_of, node_secret, BrokerCluster};
 use parking_lot::Mutex;
 use tidelog::api::proto::broker_client::BrokerClient;
+use tidelog::api::proto::replication_client::ReplicationClient;
 use tidelog::api::proto::{
-    AlterTopicRequest, ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic,
-    PartitionProduceData, PartitionReassignment, PartitionState, ProduceRequest, Record,
+    AlterTopicRequest, FetchPartition, FetchRequest, FetchTopic, ListOffsetsPartition,
+    ListOffsetsRequest, ListOffsetsTopic, PartitionProduceData, PartitionReassignment,
+    PartitionState, ProduceRequest, Record, ReplicaFetchPartition, ReplicaFetchRequest,
     TopicProduceData, TopicState,
 };
 use tidelog::api::status::from_wire;
 use tidelog::client::AdminClient;
 use tidelog::error_code::ErrorCode;
+use tidelog::net::node_auth::internal_channel;
 use tidelog::partition::{Isolation, PartitionLog, SystemClock};
 use tidelog::topic_config::TopicConfig;
 use tidelog::types::Offset;
@@ -71,31 +74,36 @@ async fn create_topic(c: &BrokerCluster, topic: &str, partitions: u32, config: &
     .await;
     // Every leader has taken over (it answers ListOffsets as leader).
     for p in &t.partitions {
-        let address = c.broker_address(p.leader.unwrap());
-        eventually("the leader is ready", Duration::from_secs(30), || {
-            let address = address.clone();
-            async move {
-                let mut client = BrokerClient::connect(format!("http://{address}"))
-                    .await
-                    .ok()?;
-                let r = client
-                    .list_offsets(ListOffsetsRequest {
-                        topics: vec![ListOffsetsTopic {
-                            topic: topic.to_owned(),
-                            partitions: vec![ListOffsetsPartition {
-                                partition: p.partition,
-                                timestamp_ms: -1,
-                            }],
-                        }],
-                    })
-                    .await
-                    .ok()?
-                    .into_inner();
-                (r.topics[0].partitions[0].error_code == 0).then_some(())
-            }
-        })
-        .await;
+        leader_ready(c, topic, p.partition, p.leader.unwrap()).await;
     }
+}
+
+/// Waits until `leader` has taken over partition `p` of `topic` (it answers ListOffsets).
+async fn leader_ready(c: &BrokerCluster, topic: &str, p: u32, leader: i32) {
+    let address = c.broker_address(leader);
+    eventually("the leader is ready", Duration::from_secs(30), || {
+        let address = address.clone();
+        async move {
+            let mut client = BrokerClient::connect(format!("http://{address}"))
+                .await
+                .ok()?;
+            let r = client
+                .list_offsets(ListOffsetsRequest {
+                    topics: vec![ListOffsetsTopic {
+                        topic: topic.to_owned(),
+                        partitions: vec![ListOffsetsPartition {
+                            partition: p,
+                            timestamp_ms: -1,
+                        }],
+                    }],
+                })
+                .await
+                .ok()?
+                .into_inner();
+            (r.topics[0].partitions[0].error_code == 0).then_some(())
+        }
+    })
+    .await;
 }
 
 /// Sends one record, once (never retried, so it can be written at most once).
@@ -588,6 +596,7 @@ async fn a_returning_leader_truncates_what_it_alone_accepted() {
         partition(&c, TOPIC, 0).await.leader.filter(|l| *l != old)
     })
     .await;
+    leader_ready(&c, TOPIC, 0, new).await;
     for i in 0..5 {
         let offset = produce_once(&c.broker_address(new), TOPIC, 0, &format!("y{i}"), -1)
             .await
@@ -753,5 +762,216 @@ async fn a_leader_cut_off_from_the_controllers_acknowledges_nothing_it_loses() {
     assert!(
         during_cut > 0 && acked_one_after_election > 0,
         "a leader that cannot reach the controllers keeps taking writes, even past its session"
+    );
+}
+
+/// One fetch of partition 0 of `topic` at `offset`; returns the records' values and how
+/// long the leader held the request.
+async fn fetch_once(
+    address: &str,
+    topic: &str,
+    offset: i64,
+    max_wait_ms: u32,
+    min_bytes: u32,
+) -> (Vec<String>, Duration) {
+    let mut client = BrokerClient::connect(format!("http://{address}"))
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let r = client
+        .fetch(FetchRequest {
+            max_wait_ms,
+            min_bytes,
+            topics: vec![FetchTopic {
+                topic: topic.to_owned(),
+                partitions: vec![FetchPartition {
+                    partition: 0,
+                    fetch_offset: offset,
+                    partition_max_bytes: 0,
+                }],
+            }],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let p = &r.topics[0].partitions[0];
+    assert_eq!(p.error_code, 0, "{}", p.error_message);
+    let values = p
+        .records
+        .iter()
+        .map(|r| String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned())
+        .collect();
+    (values, started.elapsed())
+}
+
+/// A consumer waiting at the high watermark is answered as soon as the high watermark
+/// moves, also when an ISR shrink alone moves it (no append). `min_bytes = 0` answers at
+/// once, as in Kafka.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_consumer_wakes_when_an_isr_shrink_moves_the_high_watermark() {
+    let c = BrokerCluster::start_with(3, FAST_REPLICATION);
+    const TOPIC: &str = "wake";
+    create_topic(&c, TOPIC, 1, &[("min.insync.replicas", "1")]).await;
+    let state = partition(&c, TOPIC, 0).await;
+    let leader = state.leader.unwrap();
+    let leader_address = c.broker_address(leader);
+    let (nothing, waited) = fetch_once(&leader_address, TOPIC, 0, 20_000, 0).await;
+    assert!(nothing.is_empty());
+    assert!(
+        waited < Duration::from_secs(10),
+        "min_bytes 0 answers at once, not after max_wait (took {waited:?})"
+    );
+
+    let followers = state.replicas.iter().filter(|b| **b != leader);
+    for f in followers.clone() {
+        c.brokers[*f as usize - 1]
+            .as_ref()
+            .unwrap()
+            .signal(libc::SIGSTOP);
+    }
+    // Written on the leader alone: the high watermark stays at 0 until the paused
+    // followers leave the ISR (1.5 s), which moves it to 1 without another append.
+    produce_once(&leader_address, TOPIC, 0, "w0", 1)
+        .await
+        .expect("acks=1");
+    let (values, waited) = fetch_once(&leader_address, TOPIC, 0, 25_000, 1).await;
+    for f in followers {
+        c.brokers[*f as usize - 1]
+            .as_ref()
+            .unwrap()
+            .signal(libc::SIGCONT);
+    }
+    assert_eq!(values, vec!["w0".to_owned()]);
+    assert!(
+        waited < Duration::from_secs(15),
+        "the fetch waited for its 25 s max_wait instead of waking at the shrink ({waited:?})"
+    );
+}
+
+/// A follower's fetch that names another topic id (the topic was deleted and re-created
+/// under the same name while the fetch was in flight) is refused with
+/// INCONSISTENT_TOPIC_ID: it never counts as progress on the new topic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_fetch_for_another_topic_id_is_refused() {
+    let c = BrokerCluster::start_with(3, FAST_REPLICATION);
+    const TOPIC: &str = "renewed";
+    create_topic(&c, TOPIC, 1, &[]).await;
+    let state = partition(&c, TOPIC, 0).await;
+    let leader = state.leader.unwrap();
+    let follower = *state.replicas.iter().find(|b| **b != leader).unwrap();
+    let channel = internal_channel(
+        &internal_of(&c.broker_address(leader)),
+        node_secret(),
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    let fetch = |topic_id: String| {
+        let mut client = ReplicationClient::new(channel.clone());
+        async move {
+            client
+                .replica_fetch(ReplicaFetchRequest {
+                    replica_id: follower,
+                    max_wait_ms: 0,
+                    max_bytes: 1 << 20,
+                    partitions: vec![ReplicaFetchPartition {
+                        topic: TOPIC.into(),
+                        topic_id,
+                        partition: 0,
+                        leader_epoch: state.leader_epoch,
+                        fetch_offset: 0,
+                        max_bytes: 1 << 20,
+                    }],
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .partitions
+                .remove(0)
+        }
+    };
+    let p = fetch(topic_state(&c, TOPIC).await.id).await;
+    assert_eq!(p.error_code, 0, "the right topic id: {}", p.error_message);
+    let p = fetch("an-older-topic-id".into()).await;
+    assert_eq!(
+        from_wire(p.error_code),
+        Some(ErrorCode::InconsistentTopicId),
+        "{}",
+        p.error_message
+    );
+    assert!(
+        p.error_message.contains("an-older-topic-id"),
+        "{}",
+        p.error_message
+    );
+}
+
+/// SIGTERM is a clean shutdown while followers fetch and leaders serve: the broker
+/// drains, stops its fetchers, closes every partition with the clean-shutdown marker, and
+/// its restart loads every partition without recovery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminated_broker_restarts_without_recovery() {
+    let mut c = BrokerCluster::start_with(3, FAST_REPLICATION);
+    const TOPIC: &str = "calm";
+    const PARTITIONS: u32 = 6;
+    create_topic(&c, TOPIC, PARTITIONS, &[]).await;
+    for p in 0..PARTITIONS {
+        let leader = partition(&c, TOPIC, p).await.leader.unwrap();
+        for i in 0..3 {
+            produce_once(
+                &c.broker_address(leader),
+                TOPIC,
+                p,
+                &format!("c{p}.{i}"),
+                -1,
+            )
+            .await
+            .expect("acks=all");
+        }
+    }
+    // Writers keep every partition busy while broker 2 stops.
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for p in 0..PARTITIONS {
+        let leader = c.broker_address(partition(&c, TOPIC, p).await.leader.unwrap());
+        let stop = stop.clone();
+        writers.push(tokio::spawn(async move {
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) && i < 100_000 {
+                let _ = produce_once(&leader, TOPIC, p, &format!("load{i}"), 1).await;
+                i += 1;
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let status = c.brokers[1].as_mut().unwrap().terminate();
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.await.unwrap();
+    }
+    assert!(status.success(), "SIGTERM exits 0: {status:?}");
+    c.start_broker(2);
+    let broker = c.brokers[1].as_ref().unwrap();
+    let loaded = eventually(
+        "the restarted broker loads its partitions",
+        Duration::from_secs(30),
+        || {
+            let lines: Vec<String> = broker
+                .stderr()
+                .lines()
+                .filter(|l| l.contains("partition loaded"))
+                .map(str::to_owned)
+                .collect();
+            async move { (lines.len() == PARTITIONS as usize).then_some(lines) }
+        },
+    )
+    .await;
+    let recovered: Vec<&String> = loaded
+        .iter()
+        .filter(|l| !l.contains("clean=true"))
+        .collect();
+    assert!(
+        recovered.is_empty(),
+        "partitions recovered after a clean shutdown: {recovered:#?}"
     );
 }

@@ -2,6 +2,7 @@
 //! Records arrive as fields (any language) or as encoded RecordBatch bytes (fast clients);
 //! per-partition failures are reported in the response, each with its error code.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -34,12 +35,22 @@ pub struct BrokerService {
     node: BrokerNode,
     /// Set when `auto_create_topics_enable`: creates unknown topics named in Metadata.
     auto_create: Option<AdminClient>,
+    /// Bounds the acks=0 appends still running after their answer was sent.
+    acks0_in_flight: Arc<tokio::sync::Semaphore>,
 }
+
+/// Most acks=0 appends running at once after their answer; further acks=0 produces wait
+/// for one to finish before they are answered (backpressure instead of unbounded tasks).
+pub const ACKS0_IN_FLIGHT_MAX: usize = 1024;
 
 impl BrokerService {
     /// A service over `node`; `auto_create` creates unknown topics on first use.
     pub fn new(node: BrokerNode, auto_create: Option<AdminClient>) -> Self {
-        Self { node, auto_create }
+        Self {
+            node,
+            auto_create,
+            acks0_in_flight: Arc::new(tokio::sync::Semaphore::new(ACKS0_IN_FLIGHT_MAX)),
+        }
     }
 
     /// Creates `names` with the default partition count and replication factor, then waits
@@ -462,7 +473,14 @@ impl BrokerService {
             self.node.leader_partition(topic, partition)?;
             let node = self.node.clone();
             let (topic, owned) = (topic.to_owned(), bytes);
+            let permit = self
+                .acks0_in_flight
+                .clone()
+                .acquire_owned()
+                .await
+                .expect("the semaphore is never closed");
             tokio::spawn(async move {
+                let _permit = permit;
                 if let Err(e) = node
                     .produce(&topic, partition, owned, Acks::Leader, timeout)
                     .await

@@ -59,6 +59,7 @@ impl Replication for ReplicationService {
             }
             targets.push(ReplicaFetchTarget {
                 topic: p.topic.clone(),
+                topic_id: p.topic_id.clone(),
                 partition: p.partition,
                 leader_epoch: LeaderEpoch(p.leader_epoch),
                 fetch_offset: p.fetch_offset as u64,

@@ -55,7 +55,8 @@ fn grpc_code(code: ErrorCode) -> Code {
         ErrorCode::StaleBrokerEpoch
         | ErrorCode::FencedLeaderEpoch
         | ErrorCode::InvalidUpdateVersion
-        | ErrorCode::IneligibleReplica => Code::FailedPrecondition,
+        | ErrorCode::IneligibleReplica
+        | ErrorCode::InconsistentTopicId => Code::FailedPrecondition,
         ErrorCode::ClusterAuthorizationFailed => Code::PermissionDenied,
         ErrorCode::UnknownServerError => Code::Internal,
     }

@@ -4,8 +4,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc;
-
 use super::error::BrokerError;
 use super::lease::{LeaderLease, LeaseCheck};
 use super::metadata_cache::MetadataCache;
@@ -13,6 +11,7 @@ use super::partition_manager::{LocalPartition, PartitionManager};
 use super::producer_ids::ProducerIdBlocks;
 use crate::error_code::ErrorCode;
 use crate::partition::{FetchData, Isolation};
+use crate::replication::isr_queue::IsrChangeQueue;
 use crate::replication::IsrChange;
 use crate::topic_config::TopicConfig;
 use crate::types::{BrokerId, LeaderEpoch, Offset};
@@ -85,6 +84,9 @@ pub enum OffsetQuery {
 pub struct ReplicaFetchTarget {
     /// Topic.
     pub topic: String,
+    /// The topic id the follower stores (a fetch across a delete and re-create of the
+    /// same name must not count as progress on the new topic).
+    pub topic_id: String,
     /// Partition.
     pub partition: u32,
     /// The leader epoch the follower believes current.
@@ -110,7 +112,7 @@ pub struct BrokerNode {
     partitions: Arc<PartitionManager>,
     limits: BrokerLimits,
     lease: Arc<LeaderLease>,
-    isr_changes: mpsc::UnboundedSender<IsrChange>,
+    isr_changes: Arc<IsrChangeQueue>,
     producer_ids: Arc<ProducerIdBlocks>,
 }
 
@@ -124,7 +126,7 @@ impl BrokerNode {
         partitions: Arc<PartitionManager>,
         limits: BrokerLimits,
         lease: Arc<LeaderLease>,
-        isr_changes: mpsc::UnboundedSender<IsrChange>,
+        isr_changes: Arc<IsrChangeQueue>,
         producer_ids: Arc<ProducerIdBlocks>,
     ) -> Self {
         Self {
@@ -211,7 +213,8 @@ impl BrokerNode {
         }
     }
 
-    fn topic_config(&self, topic: &str) -> TopicConfig {
+    /// The configuration of `topic` (the defaults while it is unknown).
+    pub fn topic_config(&self, topic: &str) -> TopicConfig {
         self.metadata
             .topic(topic)
             .and_then(|t| {
@@ -334,7 +337,8 @@ impl BrokerNode {
             .map_err(|e| BrokerError::from_log(&local.name(), e))
     }
 
-    /// Reads each target; waits up to `max_wait` until `min_bytes` are available in total.
+    /// Reads each target; waits up to `max_wait` until `min_bytes` are available in total
+    /// (`min_bytes` 0 answers at once, as in Kafka).
     pub async fn fetch(
         &self,
         targets: Vec<FetchTarget>,
@@ -364,7 +368,7 @@ impl BrokerNode {
                 }
                 results.push(r);
             }
-            if total >= min_bytes.max(1) || any_error || Instant::now() >= deadline {
+            if total >= min_bytes || any_error || Instant::now() >= deadline {
                 return results;
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -412,16 +416,9 @@ impl BrokerNode {
                     BrokerError::new(ErrorCode::UnknownServerError, format!("read task: {e}"));
                 (vec![Err(error); targets.len()], Vec::new())
             });
-            let mut advanced = false;
-            for change in changes {
-                advanced |= change.1;
-                if let Some(change) = change.0 {
-                    let _ = self.isr_changes.send(change);
-                }
-            }
-            if advanced {
-                // Consumers wait for the high watermark as for appends.
-                self.partitions.notify_appended();
+            // (A high watermark this moved wakes waiting consumers by itself.)
+            for change in changes.into_iter().flatten() {
+                self.isr_changes.push(change);
             }
             let total: usize = results
                 .iter()
@@ -441,10 +438,7 @@ impl BrokerNode {
         follower: BrokerId,
         targets: &[ReplicaFetchTarget],
         max_bytes: usize,
-    ) -> (
-        Vec<Result<FetchData, BrokerError>>,
-        Vec<(Option<IsrChange>, bool)>,
-    ) {
+    ) -> (Vec<Result<FetchData, BrokerError>>, Vec<Option<IsrChange>>) {
         let mut budget = max_bytes;
         let mut changes = Vec::new();
         let results = targets
@@ -459,6 +453,18 @@ impl BrokerNode {
                         ),
                     ));
                 };
+                if t.topic_id != local.topic_id {
+                    return Err(BrokerError::new(
+                        ErrorCode::InconsistentTopicId,
+                        format!(
+                            "{}: the follower fetches topic id '{}', broker {} stores '{}'",
+                            local.name(),
+                            t.topic_id,
+                            self.id,
+                            local.topic_id
+                        ),
+                    ));
+                }
                 let end = local.log.log_end_offset();
                 let start = local.log.log_start_offset();
                 if t.fetch_offset > end.0 || t.fetch_offset < start.0 {
@@ -474,14 +480,13 @@ impl BrokerNode {
                         ),
                     ));
                 }
-                let hw_before = local.log.high_watermark();
                 let change = local.record_follower_fetch(
                     follower,
                     t.leader_epoch,
                     Offset(t.fetch_offset),
                     now_ms(),
                 )?;
-                changes.push((change, local.log.high_watermark() > hw_before));
+                changes.push(change);
                 let data = if t.fetch_offset == end.0 {
                     FetchData {
                         records: bytes::Bytes::new(),

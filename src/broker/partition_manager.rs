@@ -28,8 +28,9 @@ pub struct PartitionManager {
     broker_id: BrokerId,
     clock: Arc<dyn Clock>,
     partitions: RwLock<HashMap<(String, u32), Arc<LocalPartition>>>,
-    /// Bumped after every append, so fetches waiting for data wake up.
-    appended: watch::Sender<u64>,
+    /// Bumped after every append and every high-watermark advance, so fetches waiting
+    /// for data wake up.
+    appended: Arc<watch::Sender<u64>>,
 }
 
 fn parse_dir_name(name: &str) -> Option<(&str, u32)> {
@@ -45,7 +46,7 @@ impl PartitionManager {
             broker_id,
             clock: Arc::new(SystemClock),
             partitions: RwLock::new(HashMap::new()),
-            appended: watch::channel(0).0,
+            appended: Arc::new(watch::channel(0).0),
         }
     }
 
@@ -162,7 +163,8 @@ impl PartitionManager {
         // Per partition at debug: the loader logs what it recovered, and the replica manager one
         // line per topic for the roles taken.
         tracing::debug!(partition = %format!("{topic}-{partition}"), log_end_offset = log.log_end_offset().0, "partition opened");
-        Ok(LocalPartition::new(topic, topic_id, partition, log))
+        Ok(LocalPartition::new(topic, topic_id, partition, log)
+            .notify_readable(self.appended.clone()))
     }
 
     /// Deletes partition directories whose topic no longer exists.
@@ -202,18 +204,10 @@ impl PartitionManager {
         let all: Vec<Arc<LocalPartition>> =
             self.partitions.write().drain().map(|(_, v)| v).collect();
         for lp in all {
-            let name = lp.name();
-            match Arc::try_unwrap(lp) {
-                Ok(lp) => {
-                    if let Err(e) = lp.log.close() {
-                        tracing::error!(partition = %name, error = %e, "clean close failed");
-                    }
-                }
-                Err(lp) => {
-                    // Still referenced by a request: flush what we can.
-                    let _ = lp.log.flush();
-                    let _ = lp.log.checkpoint();
-                }
+            // A request or fetcher may still hold the partition: the closed log refuses
+            // it from now on, so the clean-shutdown marker stays true.
+            if let Err(e) = lp.log.close_in_place() {
+                tracing::error!(partition = %lp.name(), error = %e, "clean close failed");
             }
         }
     }

@@ -7,7 +7,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::controller_link::ControllerLink;
@@ -17,7 +16,8 @@ use super::partition_manager::{LocalPartition, PartitionManager};
 use crate::controller::model::PartitionRecord;
 use crate::net::node_auth::{internal_channel, ClusterSecret};
 use crate::replication::fetcher::{Fetcher, FetcherConfig, PartitionLookup};
-use crate::replication::{IsrChange, PartitionAssignment};
+use crate::replication::isr_queue::IsrChangeQueue;
+use crate::replication::PartitionAssignment;
 use crate::types::{BrokerId, BrokerIds, LeaderEpoch};
 
 /// Replication settings of a broker.
@@ -118,7 +118,7 @@ pub struct ReplicaManager {
     /// Authenticates fetchers at leaders' internal listeners.
     secret: Arc<ClusterSecret>,
     fetchers: tokio::sync::Mutex<HashMap<BrokerId, Fetcher>>,
-    isr_changes: mpsc::UnboundedSender<IsrChange>,
+    isr_changes: Arc<IsrChangeQueue>,
 }
 
 impl ReplicaManager {
@@ -128,7 +128,7 @@ impl ReplicaManager {
         metadata: Arc<MetadataCache>,
         partitions: Arc<PartitionManager>,
         settings: ReplicationSettings,
-        isr_changes: mpsc::UnboundedSender<IsrChange>,
+        isr_changes: Arc<IsrChangeQueue>,
         secret: Arc<ClusterSecret>,
     ) -> Self {
         Self {
@@ -288,36 +288,40 @@ impl ReplicaManager {
         }
     }
 
-    /// Sends queued ISR changes to the controllers until `cancel`, one request each, and
-    /// tells the partition how it went.
+    /// Sends queued ISR changes to the controllers until `cancel`, one request each (at
+    /// most one in flight per partition, since a partition proposes one change at a
+    /// time), and tells the partition how it went.
     pub async fn run_isr_changes(
         self: Arc<Self>,
-        mut changes: mpsc::UnboundedReceiver<IsrChange>,
         link: Arc<ControllerLink>,
         cancel: CancellationToken,
     ) {
+        let mut in_flight = tokio::task::JoinSet::new();
         loop {
-            let change = tokio::select! {
+            let changes = tokio::select! {
                 _ = cancel.cancelled() => return,
-                c = changes.recv() => match c { Some(c) => c, None => return },
+                c = self.isr_changes.take() => c,
+                Some(_) = in_flight.join_next() => continue,
             };
-            let this = self.clone();
-            let link = link.clone();
-            tokio::spawn(async move {
-                let result = link.alter_partition(&change).await;
-                let Some(lp) = this.partitions.get(&change.topic, change.partition) else {
-                    return;
-                };
-                match result {
-                    Ok(p) => {
-                        lp.isr_change_done(&change, Some((p.isr, p.partition_epoch)), now_ms());
+            for change in changes {
+                let this = self.clone();
+                let link = link.clone();
+                in_flight.spawn(async move {
+                    let result = link.alter_partition(&change).await;
+                    let Some(lp) = this.partitions.get(&change.topic, change.partition) else {
+                        return;
+                    };
+                    match result {
+                        Ok(p) => {
+                            lp.isr_change_done(&change, Some((p.isr, p.partition_epoch)), now_ms());
+                        }
+                        Err(e) => {
+                            tracing::info!(partition = %lp.name(), proposed = %BrokerIds(&change.new_isr), error = %e, "ISR change refused");
+                            lp.isr_change_done(&change, None, now_ms());
+                        }
                     }
-                    Err(e) => {
-                        tracing::info!(partition = %lp.name(), proposed = %BrokerIds(&change.new_isr), error = %e, "ISR change refused");
-                        lp.isr_change_done(&change, None, now_ms());
-                    }
-                }
-            });
+                });
+            }
         }
     }
 
@@ -336,7 +340,7 @@ impl ReplicaManager {
             let now = now_ms();
             for lp in self.partitions.all() {
                 if let Some(change) = lp.check_lagging(now, lag.as_millis() as i64) {
-                    let _ = self.isr_changes.send(change);
+                    self.isr_changes.push(change);
                 }
             }
             if last_housekeeping.elapsed() >= Duration::from_secs(1) {
@@ -366,11 +370,10 @@ impl ReplicaManager {
         }
     }
 
-    /// Stops every fetcher.
+    /// Stops every fetcher and waits until they have ended.
     pub async fn stop(&self) {
-        for (_, fetcher) in self.fetchers.lock().await.drain() {
-            fetcher.stop();
-        }
+        let fetchers: Vec<Fetcher> = self.fetchers.lock().await.drain().map(|(_, f)| f).collect();
+        futures_util::future::join_all(fetchers.into_iter().map(Fetcher::stop_and_wait)).await;
     }
 }
 

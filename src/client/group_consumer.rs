@@ -96,6 +96,9 @@ struct Membership {
     target: BTreeSet<TopicPartition>,
     /// What the consumer side holds (reported in heartbeats).
     owned: BTreeSet<TopicPartition>,
+    /// The coordinator dropped this member (session expired, or fenced): `owned` is no
+    /// longer ours, and is released without a commit at the next reconciliation.
+    lost: bool,
     /// The coordinator's address, once found.
     coordinator: Option<String>,
     /// A fatal error for the next poll.
@@ -147,7 +150,12 @@ impl Shared {
         let _exchange = self.exchange.lock().await;
         let (member_id, epoch, owned, leaving) = {
             let m = self.membership.lock();
-            (m.member_id.clone(), m.epoch, m.owned.clone(), m.leaving)
+            let owned = if m.lost {
+                BTreeSet::new()
+            } else {
+                m.owned.clone()
+            };
+            (m.member_id.clone(), m.epoch, owned, m.leaving)
         };
         let request = GroupHeartbeatRequest {
             group: self.config.group.clone(),
@@ -194,6 +202,7 @@ impl Shared {
                 m.member_id.clear();
                 m.epoch = 0;
                 m.target.clear();
+                m.lost = !m.owned.is_empty();
                 Duration::ZERO
             }
             Err(e) if e.is_retriable() || e.code == ErrorCode::NotCoordinator => {
@@ -288,10 +297,21 @@ impl GroupConsumer {
     async fn reconcile(&mut self) -> Result<(), ClientError> {
         let shared = self.shared.clone();
         let _exchange = shared.exchange.lock().await;
-        let (target, owned, failed) = {
+        let (target, owned, failed, lost) = {
             let mut m = self.shared.membership.lock();
-            (m.target.clone(), m.owned.clone(), m.failed.take())
+            let lost = std::mem::take(&mut m.lost).then(|| std::mem::take(&mut m.owned));
+            (m.target.clone(), m.owned.clone(), m.failed.take(), lost)
         };
+        if let Some(lost) = lost {
+            // Another member may hold these already: committing our positions could move
+            // its offsets back. Drop them; they restart from the committed offsets.
+            tracing::info!(group = %self.shared.config.group, partitions = lost.len(), "partitions lost with the membership; released without a commit");
+            for tp in &lost {
+                self.consumer.unassign(&tp.0, tp.1);
+                self.paused.remove(tp);
+                self.committed.remove(tp);
+            }
+        }
         if let Some(e) = failed {
             return Err(e);
         }
@@ -518,11 +538,11 @@ impl Drop for GroupConsumer {
 
 async fn commit(shared: &Shared, offsets: Vec<CommittedOffset>) -> Result<(), ClientError> {
     for _ in 0..50 {
-        let (member_id, member_epoch) = {
+        let (member_id, member_epoch, lost) = {
             let m = shared.membership.lock();
-            (m.member_id.clone(), m.epoch)
+            (m.member_id.clone(), m.epoch, m.lost)
         };
-        if member_id.is_empty() {
+        if member_id.is_empty() || lost {
             return Err(ClientError::new(
                 ErrorCode::UnknownMemberId,
                 format!(

@@ -1229,9 +1229,16 @@ impl PartitionLog {
         Ok(())
     }
 
-    /// Clean shutdown: flushes everything, trims the active segment's indexes, writes the
-    /// checkpoints and the clean-shutdown marker. The next open skips recovery.
+    /// Clean shutdown of a log this caller alone holds; see [`PartitionLog::close_in_place`].
     pub fn close(self) -> Result<(), LogError> {
+        self.close_in_place()
+    }
+
+    /// Clean shutdown: flushes everything, trims the active segment's indexes, writes the
+    /// checkpoints and the clean-shutdown marker. The next open skips recovery. The log
+    /// refuses everything afterwards, so a request or task that still holds it cannot
+    /// change the files behind the marker.
+    pub fn close_in_place(&self) -> Result<(), LogError> {
         self.flush()?;
         let mut state = self.state.write();
         self.check_online(&state)?;
@@ -1245,6 +1252,7 @@ impl PartitionLog {
         let marker = self.dir.join(CLEAN_SHUTDOWN_FILE);
         fs::write(&marker, b"").map_err(|e| LogError::io(&marker, e))?;
         checkpoint::sync_dir(&self.dir).map_err(|e| LogError::io(&self.dir, e))?;
+        state.offline = Some("closed: the broker is shutting down".to_owned());
         tracing::info!(partition = %self.name, log_end_offset = state.log_end_offset(), "partition closed cleanly");
         Ok(())
     }

@@ -1401,3 +1401,22 @@ fn a_failed_truncation_takes_the_partition_offline_and_never_panics() {
         }
     }
 }
+
+#[test]
+fn a_log_closed_while_still_held_refuses_writes_and_reopens_clean() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(open(dir.path(), small_config()));
+    log.append_as_leader(&mut batch("h", 2, 100, T0), LeaderEpoch(1))
+        .unwrap();
+    let held = log.clone(); // a request or a fetcher still holding the partition
+    log.close_in_place().unwrap();
+    let late = held.append_as_leader(&mut batch("late", 2, 100, T0), LeaderEpoch(1));
+    assert!(
+        matches!(late, Err(LogError::Offline { .. })),
+        "a closed log takes no writes: {late:?}"
+    );
+    drop((log, held));
+    let log = open(dir.path(), small_config());
+    assert!(log.opened_after_clean_shutdown());
+    assert_eq!(log.log_end_offset(), Offset(2));
+}

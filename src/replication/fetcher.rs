@@ -76,6 +76,7 @@ pub struct Fetcher {
     partitions: Arc<Mutex<HashMap<Key, Followed>>>,
     wake: Arc<Notify>,
     cancel: CancellationToken,
+    task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Fetcher {
@@ -87,12 +88,13 @@ impl Fetcher {
         lookup: Arc<dyn PartitionLookup>,
         channel: Channel,
     ) -> Self {
-        let fetcher = Self {
+        let mut fetcher = Self {
             leader,
             address,
             partitions: Arc::default(),
             wake: Arc::new(Notify::new()),
             cancel: CancellationToken::new(),
+            task: None,
         };
         let task = FetchLoop {
             leader,
@@ -104,7 +106,7 @@ impl Fetcher {
             partitions: fetcher.partitions.clone(),
             wake: fetcher.wake.clone(),
         };
-        tokio::spawn(task.run(fetcher.cancel.clone()));
+        fetcher.task = Some(tokio::spawn(task.run(fetcher.cancel.clone())));
         fetcher
     }
 
@@ -147,6 +149,14 @@ impl Fetcher {
     /// Stops the task.
     pub fn stop(&self) {
         self.cancel.cancel();
+    }
+
+    /// Stops the task and waits until it has ended (an append in progress finishes).
+    pub async fn stop_and_wait(mut self) {
+        self.cancel.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
     }
 }
 

@@ -5,12 +5,14 @@
 //! - [`progress`]: pure rules: caught-up time, high watermark, ISR shrink and expand;
 //! - [`truncation`]: pure rule: where a follower cuts its log for a new leader;
 //! - [`replica`]: [`LocalPartition`], one stored partition with its role;
-//! - [`fetcher`]: a follower's fetch loop against one leader broker.
+//! - [`fetcher`]: a follower's fetch loop against one leader broker;
+//! - [`isr_queue`]: ISR changes waiting for the controllers, one per partition.
 //!
 //! Nothing here talks to the controller: ISR changes leave as [`IsrChange`]s for the
 //! broker to send.
 
 pub mod fetcher;
+pub mod isr_queue;
 pub mod progress;
 pub mod replica;
 pub mod truncation;

@@ -7,6 +7,7 @@
 //! and no fetched batch lands after the partition stopped following that leader.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use tokio::sync::watch;
@@ -151,6 +152,9 @@ pub struct LocalPartition {
     role: RwLock<Role>,
     /// Bumped whenever the high watermark advances or the role changes.
     changed: watch::Sender<u64>,
+    /// Shared with the broker's other partitions: bumped whenever the high watermark
+    /// advances, so consumer fetches waiting on any set of partitions wake.
+    readable: Option<Arc<watch::Sender<u64>>>,
 }
 
 impl LocalPartition {
@@ -163,7 +167,15 @@ impl LocalPartition {
             log,
             role: RwLock::new(Role::Idle),
             changed: watch::channel(0).0,
+            readable: None,
         }
+    }
+
+    /// Also bumps `readable` whenever the high watermark advances (whatever moved it: a
+    /// follower's fetch, an ISR change, a new leadership).
+    pub fn notify_readable(mut self, readable: Arc<watch::Sender<u64>>) -> Self {
+        self.readable = Some(readable);
+        self
     }
 
     /// `topic-partition`, for messages.
@@ -398,6 +410,9 @@ impl LocalPartition {
         if hw > current {
             self.log.set_high_watermark(hw);
             self.bump();
+            if let Some(readable) = &self.readable {
+                readable.send_modify(|v| *v += 1);
+            }
             true
         } else {
             false

@@ -31,7 +31,7 @@ use crate::client::connection::parse_bootstrap;
 use crate::client::AdminClient;
 use crate::config::{BrokerConfig, ConfigLoadError};
 use crate::net::node_auth::ClusterSecret;
-use crate::replication::IsrChange;
+use crate::replication::isr_queue::IsrChangeQueue;
 use crate::types::BrokerId;
 
 /// A broker's state and background tasks.
@@ -40,7 +40,6 @@ pub struct BrokerRuntime {
     groups: Arc<GroupCoordinator>,
     link: Arc<ControllerLink>,
     replicas: Arc<ReplicaManager>,
-    isr_changes: parking_lot::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<IsrChange>>>,
     controllers: Vec<String>,
     secret: Arc<ClusterSecret>,
     config: BrokerConfig,
@@ -98,7 +97,7 @@ impl BrokerRuntime {
         let partitions = Arc::new(PartitionManager::new(&config.data_dir, id));
         let lease = Arc::new(LeaderLease::default());
         let producer_ids = Arc::new(ProducerIdBlocks::new(PRODUCER_ID_BLOCK_SIZE));
-        let (isr_tx, isr_rx) = tokio::sync::mpsc::unbounded_channel();
+        let isr_changes = Arc::new(IsrChangeQueue::default());
         let node = BrokerNode::new(
             id,
             metadata.clone(),
@@ -108,7 +107,7 @@ impl BrokerRuntime {
                 fetch_bytes_max: config.fetch_max_bytes,
             },
             lease.clone(),
-            isr_tx.clone(),
+            isr_changes.clone(),
             producer_ids,
         );
         let replicas = Arc::new(ReplicaManager::new(
@@ -125,7 +124,7 @@ impl BrokerRuntime {
                 ),
                 ..ReplicationSettings::default()
             },
-            isr_tx,
+            isr_changes,
             secret.clone(),
         ));
         let link = Arc::new(ControllerLink::new(
@@ -159,7 +158,6 @@ impl BrokerRuntime {
             groups,
             link,
             replicas,
-            isr_changes: parking_lot::Mutex::new(Some(isr_rx)),
             controllers,
             secret,
             config: config.clone(),
@@ -231,13 +229,11 @@ impl BrokerRuntime {
             .wait_unfenced(deadline)
             .await
             .map_err(|e| RoleError::Register(e.to_string()))?;
-        if let Some(changes) = self.isr_changes.lock().take() {
-            tasks.spawn(self.replicas.clone().run_isr_changes(
-                changes,
-                self.link.clone(),
-                cancel.clone(),
-            ));
-        }
+        tasks.spawn(
+            self.replicas
+                .clone()
+                .run_isr_changes(self.link.clone(), cancel.clone()),
+        );
         tasks.spawn(self.replicas.clone().run_maintenance(cancel.clone()));
         let (groups, group_cancel) = (self.groups.clone(), cancel.clone());
         tasks.spawn(async move {
@@ -275,10 +271,11 @@ impl BrokerRuntime {
     }
 
     /// Serves until `stop` (or until the server fails), then shuts down in order:
-    /// controlled shutdown, background tasks, the gRPC server, the partitions.
+    /// controlled shutdown, background tasks, the gRPC server (in-flight requests finish,
+    /// for at most [`DRAIN_TIMEOUT`]), the fetchers, the partitions.
     pub async fn run_until_stopped(
         &self,
-        server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+        mut server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
         stop: impl std::future::Future<Output = ()>,
         cancel: CancellationToken,
         server_cancel: CancellationToken,
@@ -286,7 +283,7 @@ impl BrokerRuntime {
     ) -> Result<(), RoleError> {
         tokio::select! {
             _ = stop => {}
-            result = server => {
+            result = &mut server => {
                 cancel.cancel();
                 self.close().await;
                 return match result {
@@ -300,6 +297,12 @@ impl BrokerRuntime {
         tasks.close();
         tasks.wait().await;
         server_cancel.cancel();
+        if tokio::time::timeout(DRAIN_TIMEOUT, server).await.is_err() {
+            tracing::warn!(
+                timeout_ms = DRAIN_TIMEOUT.as_millis() as u64,
+                "requests still running at shutdown; closing the partitions under them"
+            );
+        }
         self.close().await;
         Ok(())
     }
@@ -311,6 +314,10 @@ impl BrokerRuntime {
         let _ = tokio::task::spawn_blocking(move || partitions.close_all()).await;
     }
 }
+
+/// Longest a shutdown waits for in-flight requests (a long-polling fetch ends at once
+/// when the server stops; a produce waiting for acks=all ends within its timeout).
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Runs a broker until SIGTERM or Ctrl-C.
 pub async fn run(config: BrokerConfig) -> Result<(), RoleError> {

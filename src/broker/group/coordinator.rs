@@ -313,7 +313,8 @@ impl GroupCoordinator {
                 assignment: BTreeSet::new(),
             });
         }
-        let member_id = if hb.member_id.is_empty() {
+        let joining = hb.member_id.is_empty();
+        let member_id = if joining {
             if state.members.is_empty() {
                 state.strategy = strategy;
                 state.broadcast = hb.broadcast;
@@ -385,7 +386,7 @@ impl GroupCoordinator {
         let changed = member.topics != topics || member.regex != regex;
         member.topics = topics;
         member.regex = regex;
-        member.owned = hb.owned;
+        member.report_owned(joining, hb.owned);
         member.session_timeout = session;
         member.last_seen = Instant::now();
         if changed {
@@ -465,6 +466,19 @@ impl GroupCoordinator {
                         ),
                     ));
                 }
+                if let Some((topic, p, _, _)) = entries
+                    .iter()
+                    .find(|(t, p, _, _)| !m.may_commit(&(t.clone(), *p)))
+                {
+                    // A member that lost the partition (its session expired, or it was
+                    // reassigned) must not move the new holder's position back.
+                    return Err(error(
+                        ErrorCode::FencedMemberEpoch,
+                        format!(
+                            "member {member_id} does not hold {topic}-{p} (it was never given it, or gave it up); nothing committed"
+                        ),
+                    ));
+                }
                 if g.state.broadcast {
                     m.key()
                 } else {
@@ -492,6 +506,22 @@ impl GroupCoordinator {
                 .collect();
             (partition, keys)
         };
+        if let Some((k, v)) = keys.iter().find_map(|(k, v)| {
+            v.as_ref()
+                .filter(|v| v.metadata.len() > offsets::METADATA_BYTES_MAX)
+                .map(|v| (k, v))
+        }) {
+            return Err(error(
+                ErrorCode::InvalidRequest,
+                format!(
+                    "{}-{}: metadata is {} bytes; the limit is {}",
+                    k.topic,
+                    k.partition,
+                    v.metadata.len(),
+                    offsets::METADATA_BYTES_MAX
+                ),
+            ));
+        }
         if keys
             .iter()
             .any(|(_, v)| v.as_ref().is_some_and(|v| v.offset < 0))
@@ -519,7 +549,8 @@ impl GroupCoordinator {
         partition: u32,
         entries: &[(OffsetKey, Option<OffsetValue>)],
     ) -> Result<(), BrokerError> {
-        let batch = offsets::encode(entries, now_ms());
+        let batch_bytes_max = self.node.topic_config(OFFSETS_TOPIC).max_message_bytes;
+        let batch = offsets::encode(entries, now_ms(), batch_bytes_max);
         self.node
             .produce(
                 OFFSETS_TOPIC,

@@ -41,28 +41,45 @@ pub struct OffsetValue {
     pub timestamp: i64,
 }
 
-/// Encodes commits (`None`: delete) as one batch.
-pub fn encode(entries: &[(OffsetKey, Option<OffsetValue>)], now_ms: i64) -> Vec<u8> {
+/// Longest commit metadata a client may attach (Kafka's `offset.metadata.max.bytes`).
+pub const METADATA_BYTES_MAX: usize = 4096;
+
+/// Room a batch keeps for a record's framing besides its key and value (varints,
+/// attributes, header count): generous, so a batch never exceeds its budget.
+const RECORD_OVERHEAD_MAX: usize = 32;
+
+/// Encodes commits (`None`: delete) as record batches of at most `batch_bytes_max` each
+/// (the offsets topic's `max.message.bytes`), concatenated: any number of offsets can be
+/// written in one append. A single record larger than the budget gets a batch of its own
+/// (and the append refuses it).
+pub fn encode(
+    entries: &[(OffsetKey, Option<OffsetValue>)],
+    now_ms: i64,
+    batch_bytes_max: usize,
+) -> Vec<u8> {
+    let mut out = Vec::new();
     let mut builder = BatchBuilder::new(Compression::None);
-    let encoded: Vec<(Vec<u8>, Option<Vec<u8>>)> = entries
-        .iter()
-        .map(|(k, v)| {
-            (
-                serde_json::to_vec(k).expect("serializable"),
-                v.as_ref()
-                    .map(|v| serde_json::to_vec(v).expect("serializable")),
-            )
-        })
-        .collect();
-    for (key, value) in &encoded {
+    for (k, v) in entries {
+        let key = serde_json::to_vec(k).expect("serializable");
+        let value = v
+            .as_ref()
+            .map(|v| serde_json::to_vec(v).expect("serializable"));
+        let size = key.len() + value.as_ref().map_or(0, Vec::len) + RECORD_OVERHEAD_MAX;
+        if !builder.is_empty() && builder.uncompressed_size() + size > batch_bytes_max {
+            out.extend(builder.build(0).expect("not empty"));
+            builder = BatchBuilder::new(Compression::None);
+        }
         builder.push(RecordRef {
             timestamp: now_ms,
-            key: Some(key),
+            key: Some(&key),
             value: value.as_deref(),
             headers: &[],
         });
     }
-    builder.build(0).expect("at least one record")
+    if !builder.is_empty() {
+        out.extend(builder.build(0).expect("not empty"));
+    }
+    out
 }
 
 /// Decodes one record of the offsets topic; `None` for records it does not recognise.
@@ -98,11 +115,48 @@ mod tests {
             metadata: "m".into(),
             timestamp: 7,
         };
-        let bytes = encode(&[(k.clone(), Some(v.clone())), (k.clone(), None)], 7);
+        let bytes = encode(
+            &[(k.clone(), Some(v.clone())), (k.clone(), None)],
+            7,
+            1 << 20,
+        );
         let records = decode_data_records(&bytes, 1 << 20).unwrap();
         assert_eq!(decode(&records[0]), Some((k.clone(), Some(v))));
         assert_eq!(decode(&records[1]), Some((k, None)));
         assert_eq!(partition_for("g", 50), partition_for("g", 50));
         assert!(partition_for("another", 50) < 50);
+    }
+
+    #[test]
+    fn many_offsets_are_split_into_batches_within_the_budget() {
+        let entries: Vec<(OffsetKey, Option<OffsetValue>)> = (0..20_000)
+            .map(|p| {
+                let key = OffsetKey {
+                    group: "a-group-with-a-longish-name".into(),
+                    instance: String::new(),
+                    topic: "orders.eu-west".into(),
+                    partition: p,
+                };
+                let value = OffsetValue {
+                    offset: i64::from(p) * 1000,
+                    metadata: "x".repeat((p % 50) as usize),
+                    timestamp: 1,
+                };
+                (key, Some(value))
+            })
+            .collect();
+        let budget = 64 * 1024;
+        let bytes = encode(&entries, 7, budget);
+        let mut batches = 0;
+        for batch in crate::record::BatchIter::new(&bytes) {
+            let batch = batch.unwrap();
+            let size = batch.as_bytes().len();
+            assert!(size <= budget, "a batch of {size} bytes");
+            batches += 1;
+        }
+        assert!(batches > 10, "{batches} batches");
+        let records = decode_data_records(&bytes, 1 << 30).unwrap();
+        let decoded: Vec<_> = records.iter().map(|r| decode(r).unwrap()).collect();
+        assert_eq!(decoded, entries);
     }
 }

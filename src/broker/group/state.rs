@@ -47,6 +47,25 @@ impl Member {
             self.instance_id.clone()
         }
     }
+
+    /// Takes in the holding a heartbeat reported. A member can hold only what it was
+    /// given: a joining member holds nothing, whatever it reports (it may be a restarted
+    /// process, or one whose session expired, still listing its old partitions).
+    pub fn report_owned(&mut self, joining: bool, reported: BTreeSet<TopicPartition>) {
+        self.owned = if joining {
+            BTreeSet::new()
+        } else {
+            reported
+                .into_iter()
+                .filter(|tp| self.owned.contains(tp) || self.assignment.contains(tp))
+                .collect()
+        };
+    }
+
+    /// Whether the member may commit an offset of `tp`: it holds it, or was given it.
+    pub fn may_commit(&self, tp: &TopicPartition) -> bool {
+        self.owned.contains(tp) || self.assignment.contains(tp)
+    }
 }
 
 /// A group's membership and target assignment.
@@ -222,6 +241,28 @@ impl GroupState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn members_hold_and_commit_only_what_they_were_given() {
+        let tp = |p: u32| ("t".to_owned(), p);
+        let mut m = member("a");
+        m.report_owned(true, [tp(0), tp(1)].into());
+        assert!(m.owned.is_empty(), "a joining member holds nothing");
+        assert!(!m.may_commit(&tp(0)));
+        m.assignment = [tp(0)].into();
+        assert!(m.may_commit(&tp(0)), "given, not yet reported");
+        m.report_owned(false, [tp(0), tp(1)].into());
+        assert_eq!(m.owned, [tp(0)].into(), "never given partition 1");
+        m.assignment.clear();
+        assert!(m.may_commit(&tp(0)), "revoked but still held");
+        m.report_owned(false, BTreeSet::new());
+        assert!(!m.may_commit(&tp(0)), "released");
+        m.report_owned(false, [tp(0)].into());
+        assert!(
+            m.owned.is_empty(),
+            "a released partition cannot be claimed back"
+        );
+    }
 
     fn member(id: &str) -> Member {
         Member {
