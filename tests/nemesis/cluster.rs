@@ -134,7 +134,9 @@ impl Cluster {
                     .and_then(|f| f.set_len(BROKER_DISK_BYTES))
                     .context("disk image")?;
                 let image = image.display().to_string();
-                netns::run("mkfs.ext4", &["-q", "-F", &image])?;
+                // No blocks reserved for root: the brokers run as root, and a full disk must be
+                // full for them.
+                netns::run("mkfs.ext4", &["-q", "-F", "-m", "0", &image])?;
                 netns::run(
                     "mount",
                     &["-o", "loop", &image, &data.display().to_string()],
@@ -365,8 +367,8 @@ impl Cluster {
         }
     }
 
-    /// Fills broker `id`'s disk: a file takes every free byte.
-    pub fn fill_disk(&self, id: usize) -> Result<()> {
+    /// Fills broker `id`'s disk: a file takes every free byte. Returns the bytes left.
+    pub fn fill_disk(&self, id: usize) -> Result<u64> {
         let dir = self.broker_data_dir(id);
         let free = free_bytes(&dir)?;
         let path = self.filler(id);
@@ -407,7 +409,7 @@ impl Cluster {
             }
             allocated += 4096;
         }
-        Ok(())
+        free_bytes(&dir)
     }
 
     /// Frees broker `id`'s disk.
@@ -508,5 +510,5 @@ fn free_bytes(dir: &Path) -> Result<u64> {
             std::io::Error::last_os_error()
         );
     }
-    Ok(s.f_bavail as u64 * s.f_frsize as u64)
+    Ok(s.f_bfree as u64 * s.f_frsize as u64)
 }

@@ -500,7 +500,8 @@ fn apply(cluster: &mut Cluster, fault: &Fault) -> Result<BTreeSet<(usize, usize)
             netns::Network::pairs(&minority, &majority)
         }
         Fault::DiskFull(i) => {
-            cluster.fill_disk(*i - CONTROLLERS + 1)?;
+            let left = cluster.fill_disk(*i - CONTROLLERS + 1)?;
+            eprintln!("nemesis: {} has {left} bytes free", cluster.name(*i));
             BTreeSet::new()
         }
     })
