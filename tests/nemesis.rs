@@ -3,7 +3,7 @@
 //!
 //! `cargo test` runs a few short seeds. Settings (environment):
 //! - `NEMESIS_SEEDS`: comma-separated seeds (default `1,2,3`);
-//! - `NEMESIS_SECS`: the fault window of each seed in seconds (default 25);
+//! - `NEMESIS_SECS`: the fault window of each seed in seconds (default 20);
 //! - `NEMESIS_REQUIRE=1`: fail, rather than skip, where network namespaces cannot be
 //!   made (not root, no `ip` or `nft`); CI sets it.
 
@@ -41,7 +41,7 @@ fn acknowledged_records_and_commits_survive_random_kills_pauses_partitions_and_f
                 .unwrap_or_else(|_| panic!("NEMESIS_SEEDS: {s} is not a seed"))
         })
         .collect();
-    let window = Duration::from_secs(env_or("NEMESIS_SECS", 25));
+    let window = Duration::from_secs(env_or("NEMESIS_SECS", 20));
     let mut failed = Vec::new();
     for (run, seed) in seeds.iter().enumerate() {
         let report = nemesis::run(*seed, window, run as u32)
