@@ -12,6 +12,10 @@ use std::path::{Path, PathBuf};
 
 use memmap2::{MmapMut, MmapOptions};
 
+/// The unit in which [`IndexFile::truncate_entries`] skips ranges that are already zero
+/// (a page on common systems; reading a hole allocates nothing).
+const ZERO_CHECK_BYTES: usize = 4096;
+
 /// Fixed-size entries in a memory-mapped file.
 #[derive(Debug)]
 pub struct IndexFile {
@@ -96,6 +100,11 @@ impl IndexFile {
     }
 
     /// Forgets every entry from `slot` on (their bytes are zeroed).
+    ///
+    /// Only pages holding a non-zero byte are written: after a crash the "entries" past
+    /// the real ones are the preallocated zeros of a sparse file, and writing zeros over
+    /// them would allocate the whole preallocation on disk (10 MiB per index, for every
+    /// partition recovered) and, on a full disk, fault the process with SIGBUS.
     pub fn truncate_entries(&mut self, slot: usize) {
         if slot >= self.entries {
             return;
@@ -103,7 +112,11 @@ impl IndexFile {
         let from = slot * self.entry_size;
         let to = self.entries * self.entry_size;
         if let Some(map) = self.mmap.as_mut() {
-            map[from..to].fill(0);
+            for chunk in map[from..to].chunks_mut(ZERO_CHECK_BYTES) {
+                if chunk.iter().any(|b| *b != 0) {
+                    chunk.fill(0);
+                }
+            }
         }
         self.entries = slot;
     }
@@ -181,5 +194,56 @@ pub fn remove_if_exists(path: &Path) -> io::Result<()> {
     match std::fs::remove_file(path) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    /// Bytes the file really occupies on disk.
+    fn allocated(path: &Path) -> u64 {
+        std::fs::metadata(path).unwrap().blocks() * 512
+    }
+
+    #[test]
+    fn truncating_the_zeros_a_crash_left_allocates_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("00000000000000000000.index");
+        let max_bytes = 8 << 20;
+        {
+            // An active index with two entries, then a crash: the file keeps its
+            // preallocated (sparse) length.
+            let mut index = IndexFile::open(&path, 8, max_bytes, true).unwrap();
+            index.push(&[1; 8]);
+            index.push(&[2; 8]);
+            index.flush().unwrap();
+        }
+        let before = allocated(&path);
+        assert!(before < 1 << 20, "preallocation is sparse: {before} bytes");
+        let mut index = IndexFile::open(&path, 8, max_bytes, true).unwrap();
+        assert_eq!(
+            index.entries(),
+            max_bytes / 8,
+            "every slot counts until validated"
+        );
+        // The typed index finds the zeros after entry 2 and truncates there.
+        index.truncate_entries(2);
+        index.flush().unwrap();
+        assert_eq!(index.entries(), 2);
+        let after = allocated(&path);
+        assert!(
+            after < 1 << 20,
+            "truncation wrote the whole preallocation: {after} bytes allocated"
+        );
+        // Real entries past the slot are still zeroed.
+        index.push(&[3; 8]);
+        index.truncate_entries(2);
+        drop(index);
+        let index = IndexFile::open(&path, 8, max_bytes, false).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(&bytes[16..24], &[0; 8]);
+        drop(index);
     }
 }
