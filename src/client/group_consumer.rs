@@ -247,6 +247,8 @@ pub struct GroupConsumer {
     last_commit: Instant,
     /// Positions as last committed.
     committed: BTreeMap<TopicPartition, i64>,
+    /// How many times the partitions were lost with the membership.
+    lost_count: u64,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -278,6 +280,7 @@ impl GroupConsumer {
             paused: BTreeMap::new(),
             last_commit: Instant::now(),
             committed: BTreeMap::new(),
+            lost_count: 0,
             task,
         }
     }
@@ -285,6 +288,14 @@ impl GroupConsumer {
     /// The partitions this member holds now.
     pub fn assignment(&self) -> BTreeSet<TopicPartition> {
         self.shared.membership.lock().owned.clone()
+    }
+
+    /// How many times this member lost its partitions with its membership (its session
+    /// expired, or it was fenced). Each time, the records after the last commit are
+    /// delivered again: a poll that sees this number grow starts over at the committed
+    /// offsets.
+    pub fn partitions_lost(&self) -> u64 {
+        self.lost_count
     }
 
     /// The member id the coordinator gave (empty until the first answer).
@@ -306,6 +317,7 @@ impl GroupConsumer {
             // Another member may hold these already: committing our positions could move
             // its offsets back. Drop them; they restart from the committed offsets.
             tracing::info!(group = %self.shared.config.group, partitions = lost.len(), "partitions lost with the membership; released without a commit");
+            self.lost_count += 1;
             for tp in &lost {
                 self.consumer.unassign(&tp.0, tp.1);
                 self.paused.remove(tp);

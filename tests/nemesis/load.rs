@@ -6,7 +6,8 @@
 //! acknowledgement (partition, offset) and each failure (an unknown outcome: the record
 //! may or may not be stored, but at most once). A consumer records every record it
 //! reads with its member session: a session of a partition lasts while the member holds
-//! it without a break, and within one its offsets must only grow.
+//! it without a break (losing the membership is a break: the member starts over at the
+//! committed offsets), and within one its offsets must only grow.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -158,8 +159,15 @@ impl Member {
                 // Per partition: the session it is read in now.
                 let mut sessions: std::collections::BTreeMap<u32, u64> = Default::default();
                 let mut next_session = 0u64;
+                let mut lost = 0;
                 while !stop.load(Ordering::SeqCst) {
                     let polled = consumer.poll(Duration::from_millis(200)).await;
+                    // Partitions lost with the membership restart at the committed
+                    // offsets (at-least-once): every session ends.
+                    if consumer.partitions_lost() != lost {
+                        lost = consumer.partitions_lost();
+                        sessions.clear();
+                    }
                     // The records of this poll were fetched under the assignment it
                     // reconciled to; a partition absent from it ends its session.
                     let now: Vec<u32> = consumer
