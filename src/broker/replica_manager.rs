@@ -355,8 +355,12 @@ impl ReplicaManager {
                         if let Err(e) = lp.log.maybe_flush() {
                             tracing::error!(partition = %lp.name(), error = %e, "flush failed");
                         }
-                        if let Err(e) = lp.log.checkpoint() {
-                            tracing::warn!(partition = %lp.name(), error = %e, "checkpoint failed");
+                        match lp.log.checkpoint() {
+                            Err(e) if e.is_no_space() => lp.log.warn_no_space(&e),
+                            Err(e) => {
+                                tracing::warn!(partition = %lp.name(), error = %e, "checkpoint failed")
+                            }
+                            Ok(()) => {}
                         }
                         if retention {
                             if let Err(e) = lp.log.apply_retention() {

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -137,6 +137,8 @@ pub struct PartitionLog {
     group_commit: GroupCommit,
     /// Bumped by every truncation; a read that saw it move retries.
     generation: AtomicU64,
+    /// When a full disk was last logged (ms), so repeats stay quiet.
+    no_space_logged_ms: AtomicI64,
     /// Whether the last shutdown was clean (recovery was skipped).
     opened_clean: bool,
     /// Corrupt batches reads met while open (bounded; see [`PartitionLog::damage_seen`]).
@@ -276,6 +278,7 @@ impl PartitionLog {
             clock,
             group_commit: GroupCommit::new(log_end),
             generation: AtomicU64::new(0),
+            no_space_logged_ms: AtomicI64::new(i64::MIN / 2),
             opened_clean: loaded.was_clean,
             read_damage: parking_lot::Mutex::new(Vec::new()),
             #[cfg(test)]
@@ -665,7 +668,9 @@ impl PartitionLog {
         }
         if let Err(e) = state.active_mut().append(data) {
             let error = LogError::from(e);
-            if matches!(error, LogError::Io { .. }) {
+            if error.is_no_space() {
+                self.warn_no_space(&error);
+            } else if matches!(error, LogError::Io { .. }) {
                 self.go_offline(state, &error);
             }
             return Err(error);
@@ -736,10 +741,25 @@ impl PartitionLog {
                 Ok(())
             }
             Err(e) => {
+                // A full disk fails the roll before the old segment changed in a way that
+                // matters (sealing again and retrying is safe): no need to go offline.
                 let error = LogError::from(e);
-                self.go_offline(state, &error);
+                if error.is_no_space() {
+                    self.warn_no_space(&error);
+                } else {
+                    self.go_offline(state, &error);
+                }
                 Err(error)
             }
+        }
+    }
+
+    /// Logs a write refused for want of space, at most once a minute per partition.
+    pub fn warn_no_space(&self, error: &LogError) {
+        let now = self.clock.now_ms();
+        let last = self.no_space_logged_ms.swap(now, Ordering::Relaxed);
+        if now - last >= 60_000 {
+            tracing::warn!(partition = %self.name, %error, "disk full: writes refused until space is freed; reads go on");
         }
     }
 

@@ -151,6 +151,17 @@ impl LogError {
             source,
         }
     }
+
+    /// Whether this is a full disk (ENOSPC, or a quota): a write that failed for it left
+    /// nothing half-done, so the partition keeps serving reads and takes writes again once
+    /// space is freed.
+    pub fn is_no_space(&self) -> bool {
+        matches!(
+            self,
+            Self::Io { source, .. }
+                if matches!(source.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+        )
+    }
 }
 
 impl From<SegmentError> for LogError {

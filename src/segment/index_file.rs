@@ -25,6 +25,10 @@ pub struct IndexFile {
     entry_size: usize,
     entries: usize,
     capacity: usize,
+    /// Bytes from the start known to be allocated on disk: pages of the sparse
+    /// preallocation are allocated (fallocate) before the first store into them, so a full
+    /// disk fails a push with ENOSPC instead of faulting the process with SIGBUS.
+    allocated: usize,
 }
 
 impl IndexFile {
@@ -52,6 +56,7 @@ impl IndexFile {
             entry_size,
             entries,
             capacity: entries,
+            allocated: 0,
         };
         let capacity = if active {
             (max_bytes / entry_size).max(entries)
@@ -89,14 +94,40 @@ impl IndexFile {
         &self.mmap.as_ref().expect("mapped when entries > 0")[at..at + self.entry_size]
     }
 
-    /// Appends one entry. The caller checks [`IndexFile::is_full`] first.
-    pub fn push(&mut self, entry: &[u8]) {
+    /// Appends one entry. The caller checks [`IndexFile::is_full`] first. Fails (writing
+    /// nothing) when the disk has no room for the entry's page.
+    pub fn push(&mut self, entry: &[u8]) -> io::Result<()> {
         assert_eq!(entry.len(), self.entry_size);
         assert!(!self.is_full(), "index {} is full", self.path.display());
         let at = self.entries * self.entry_size;
+        self.allocate(at + self.entry_size)?;
         self.mmap.as_mut().expect("mapped when capacity > 0")[at..at + self.entry_size]
             .copy_from_slice(entry);
         self.entries += 1;
+        Ok(())
+    }
+
+    /// Makes sure the bytes up to `end` are allocated on disk, a page at a time.
+    fn allocate(&mut self, end: usize) -> io::Result<()> {
+        if end <= self.allocated {
+            return Ok(());
+        }
+        let from = end.saturating_sub(1) / ZERO_CHECK_BYTES * ZERO_CHECK_BYTES;
+        let to = (from + ZERO_CHECK_BYTES).min(self.capacity * self.entry_size);
+        use std::os::fd::AsRawFd;
+        // SAFETY: posix_fallocate(3) on a file descriptor this struct owns.
+        let rc = unsafe {
+            libc::posix_fallocate(
+                self.file.as_raw_fd(),
+                from as libc::off_t,
+                (to - from) as libc::off_t,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        self.allocated = to;
+        Ok(())
     }
 
     /// Forgets every entry from `slot` on (their bytes are zeroed).
@@ -148,6 +179,7 @@ impl IndexFile {
             self.file.set_len(len as u64)?;
         }
         self.capacity = capacity;
+        self.allocated = self.allocated.min(len);
         if len > 0 {
             // SAFETY: the file is owned by this partition (directory lock) and only this
             // struct changes its length, so the mapping never outlives the bytes under it.
@@ -216,8 +248,8 @@ mod tests {
             // An active index with two entries, then a crash: the file keeps its
             // preallocated (sparse) length.
             let mut index = IndexFile::open(&path, 8, max_bytes, true).unwrap();
-            index.push(&[1; 8]);
-            index.push(&[2; 8]);
+            index.push(&[1; 8]).unwrap();
+            index.push(&[2; 8]).unwrap();
             index.flush().unwrap();
         }
         let before = allocated(&path);
@@ -238,7 +270,7 @@ mod tests {
             "truncation wrote the whole preallocation: {after} bytes allocated"
         );
         // Real entries past the slot are still zeroed.
-        index.push(&[3; 8]);
+        index.push(&[3; 8]).unwrap();
         index.truncate_entries(2);
         drop(index);
         let index = IndexFile::open(&path, 8, max_bytes, false).unwrap();

@@ -192,7 +192,7 @@ impl LogSegment {
                 append: data.len() as u64,
             });
         }
-        let mut position = start;
+        let mut headers = Vec::new();
         let mut expected = self.next_offset;
         for batch in BatchIter::new(data) {
             let batch = batch.map_err(|e| SegmentError::InvalidAppend(e.to_string()))?;
@@ -206,13 +206,22 @@ impl LogSegment {
                     self.base_offset
                 )));
             }
-            self.track_batch(position, &h);
-            position += h.total_size() as u64;
             expected = h.next_offset() as u64;
+            headers.push(h);
         }
-        self.log
-            .append(data)
-            .map_err(|e| SegmentError::io(self.log.path(), e))?;
+        // Written before anything in memory changes: a failed write (a full disk) leaves
+        // the segment as it was, its file cut back to the old end.
+        if let Err(e) = self.log.append(data) {
+            if let Err(cut) = self.log.truncate_to(start) {
+                return Err(SegmentError::io(self.log.path(), cut));
+            }
+            return Err(SegmentError::io(self.log.path(), e));
+        }
+        let mut position = start;
+        for h in &headers {
+            self.track_batch(position, h);
+            position += h.total_size() as u64;
+        }
         Ok(())
     }
 
@@ -229,11 +238,18 @@ impl LogSegment {
         if self.bytes_since_index_entry > self.config.index_interval_bytes
             && !self.offset_index.is_full()
         {
-            self.offset_index
-                .append(h.base_offset as u64, position as u32);
-            self.time_index
-                .maybe_append(self.max_timestamp, self.offset_of_max_timestamp);
-            self.bytes_since_index_entry = 0;
+            // Index entries are hints (a lookup scans on from the entry before): one the
+            // disk has no room for is skipped, and the next batch tries again.
+            let indexed = self
+                .offset_index
+                .append(h.base_offset as u64, position as u32)
+                .and_then(|()| {
+                    self.time_index
+                        .maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
+                });
+            if indexed.is_ok() {
+                self.bytes_since_index_entry = 0;
+            }
         }
         self.bytes_since_index_entry += h.total_size() as u64;
         self.next_offset = last_offset + 1;
@@ -552,11 +568,12 @@ impl LogSegment {
     /// Prepares the segment to stop being active: a final time-index entry for the max
     /// timestamp, indexes trimmed to their entries.
     pub fn seal(&mut self) -> Result<(), SegmentError> {
+        let path = self.log.path().to_path_buf();
         if self.max_timestamp >= 0 && !self.time_index.is_full() {
             self.time_index
-                .maybe_append(self.max_timestamp, self.offset_of_max_timestamp);
+                .maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
+                .map_err(|e| SegmentError::io(&path, e))?;
         }
-        let path = self.log.path().to_path_buf();
         self.offset_index
             .trim()
             .map_err(|e| SegmentError::io(&path, e))?;

@@ -76,7 +76,7 @@ impl OffsetIndex {
 
     /// Adds an entry. `offset` must exceed the last entry's and fit in 32 bits relative
     /// to the base; `position` must exceed the last entry's.
-    pub fn append(&mut self, offset: u64, position: u32) {
+    pub fn append(&mut self, offset: u64, position: u32) -> std::io::Result<()> {
         if let Some(last) = self.last_entry() {
             assert!(
                 offset > last.offset && position > last.position,
@@ -87,7 +87,7 @@ impl OffsetIndex {
         let mut raw = [0u8; OFFSET_ENTRY_SIZE];
         raw[0..4].copy_from_slice(&relative.to_be_bytes());
         raw[4..8].copy_from_slice(&position.to_be_bytes());
-        self.file.push(&raw);
+        self.file.push(&raw)
     }
 
     /// The last entry whose offset is `<= offset`, or the segment start.
@@ -197,7 +197,7 @@ mod tests {
             for (g, p) in gaps {
                 off += g;
                 pos += p;
-                index.append(off, pos);
+                index.append(off, pos).unwrap();
                 model.push(OffsetPosition { offset: off, position: pos });
             }
             for probe in probes {
@@ -224,7 +224,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut index = OffsetIndex::open(&dir.path().join("i"), 0, 1024, true).unwrap();
         for i in 1..=10u64 {
-            index.append(i * 10, i as u32 * 100);
+            index.append(i * 10, i as u32 * 100).unwrap();
         }
         index.truncate_to(50);
         assert_eq!(index.entries(), 4);
@@ -241,8 +241,8 @@ mod tests {
         let path = dir.path().join("i");
         {
             let mut index = OffsetIndex::open(&path, 0, 1024, true).unwrap();
-            index.append(5, 100);
-            index.append(9, 200);
+            index.append(5, 100).unwrap();
+            index.append(9, 200).unwrap();
             // dropped without trim: a crash leaves the preallocated zeros
         }
         let index = OffsetIndex::open(&path, 0, 1024, false).unwrap();
@@ -254,9 +254,9 @@ mod tests {
     fn full_index_reports_full() {
         let dir = tempfile::tempdir().unwrap();
         let mut index = OffsetIndex::open(&dir.path().join("i"), 0, 16, true).unwrap();
-        index.append(1, 1);
+        index.append(1, 1).unwrap();
         assert!(!index.is_full());
-        index.append(2, 2);
+        index.append(2, 2).unwrap();
         assert!(index.is_full());
     }
 }

@@ -75,22 +75,22 @@ impl TimeIndex {
     }
 
     /// Adds an entry if `timestamp` exceeds the last entry's; returns whether it did.
-    pub fn maybe_append(&mut self, timestamp: i64, offset: u64) -> bool {
+    pub fn maybe_append(&mut self, timestamp: i64, offset: u64) -> std::io::Result<bool> {
         if let Some(last) = self.last_entry() {
             if timestamp <= last.timestamp {
-                return false;
+                return Ok(false);
             }
             debug_assert!(offset >= last.offset);
         }
         if self.file.is_full() {
-            return false;
+            return Ok(false);
         }
         let relative = u32::try_from(offset - self.base_offset).expect("relative offset fits u32");
         let mut raw = [0u8; TIME_ENTRY_SIZE];
         raw[0..8].copy_from_slice(&timestamp.to_be_bytes());
         raw[8..12].copy_from_slice(&relative.to_be_bytes());
-        self.file.push(&raw);
-        true
+        self.file.push(&raw)?;
+        Ok(true)
     }
 
     /// The last entry whose timestamp is strictly below `timestamp`: every record up to
@@ -176,7 +176,7 @@ mod tests {
             for (dt, doff) in steps {
                 ts += dt;
                 off += doff;
-                if index.maybe_append(ts, off) {
+                if index.maybe_append(ts, off).unwrap() {
                     model.push(TimestampOffset { timestamp: ts, offset: off });
                 }
             }
