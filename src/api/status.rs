@@ -40,6 +40,7 @@ fn grpc_code(code: ErrorCode) -> Code {
         | ErrorCode::OutOfOrderSequenceNumber
         | ErrorCode::InvalidProducerEpoch
         | ErrorCode::RecordTooLarge
+        | ErrorCode::InvalidRecord
         | ErrorCode::CorruptMessage => Code::InvalidArgument,
         ErrorCode::OffsetOutOfRange => Code::OutOfRange,
         ErrorCode::RequestTimedOut => Code::DeadlineExceeded,
@@ -57,6 +58,7 @@ fn grpc_code(code: ErrorCode) -> Code {
         | ErrorCode::InvalidUpdateVersion
         | ErrorCode::IneligibleReplica => Code::FailedPrecondition,
         ErrorCode::ClusterAuthorizationFailed => Code::PermissionDenied,
+        ErrorCode::PartitionLimitExceeded => Code::ResourceExhausted,
         ErrorCode::UnknownServerError => Code::Internal,
     }
 }

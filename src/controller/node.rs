@@ -420,6 +420,7 @@ impl ControllerNode {
         validation::validate_partition_count(partitions)?;
         let replication_factor = req.replication_factor.unwrap_or(1);
         validation::validate_topic_config(&req.config)?;
+        validation::validate_min_insync_replicas(&req.config, replication_factor)?;
         self.read_barrier().await?;
         if self
             .store
@@ -596,6 +597,7 @@ impl ControllerNode {
             }
             config.extend(req.set_config.clone());
             validation::validate_topic_config(&config)?;
+            validation::validate_min_insync_replicas(&config, current.replication_factor)?;
             Some(config)
         };
         if add == 0 && config.is_none() {

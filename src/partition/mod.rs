@@ -91,6 +91,13 @@ pub enum LogError {
         /// What is wrong.
         reason: String,
     },
+    /// A well-formed client batch breaks a record rule (a negative timestamp, the
+    /// transactional or control attribute); nothing was written.
+    #[error("record batch refused: {reason}")]
+    RefusedRecord {
+        /// Which rule, naming the batch, record and field.
+        reason: String,
+    },
     /// A follower append does not continue the log.
     #[error("follower append starts at offset {got}, but the log ends at {expected}")]
     NonContiguousAppend {

@@ -11,6 +11,7 @@ use super::{announce_ready, bind, node_secret, shutdown_signal, RoleError};
 use crate::api::admin_service::ControllerAdminService;
 use crate::api::broker_admin_service::{AdminBackend, BrokerAdminService};
 use crate::api::broker_service::BrokerService;
+use crate::api::code_layer::CodeLayer;
 use crate::api::groups_service::GroupsService;
 use crate::api::port_guard::RefuseInternalLayer;
 use crate::api::proto::admin_server::AdminServer;
@@ -329,6 +330,7 @@ pub async fn run(config: BrokerConfig) -> Result<(), RoleError> {
     health.set_serving::<BrokerServer<BrokerService>>().await;
     let (reflection, reflection_alpha) = super::reflection(super::BROKER_SERVICES)?;
     let client = tonic::transport::Server::builder()
+        .layer(CodeLayer)
         .layer(RefuseInternalLayer)
         .add_service(broker)
         .add_service(admin)
@@ -347,6 +349,7 @@ pub async fn run(config: BrokerConfig) -> Result<(), RoleError> {
             server_cancel.clone().cancelled_owned(),
         );
     let internal = tonic::transport::Server::builder()
+        .layer(CodeLayer)
         .add_service(replication)
         .serve_with_incoming_shutdown(
             crate::net::serve_incoming(
