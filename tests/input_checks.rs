@@ -7,7 +7,6 @@
 mod common;
 
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 use common::{binary, cli, free_ports, standalone, standalone_with, Proc};
 use tidelog::api::proto::broker_client::BrokerClient;
@@ -188,17 +187,34 @@ async fn min_insync_replicas_above_the_replication_factor_is_refused() {
     assert!(err.contains("INVALID_CONFIG"), "{err}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_records_and_codecs_are_refused_and_nothing_is_written() {
-    let dir = tempfile::tempdir().unwrap();
-    let (_server, bootstrap) = start(dir.path());
-    assert!(create(&bootstrap, "t", &[]).0);
-
-    let record = |timestamp_ms: Option<i64>| Record {
+fn record(timestamp_ms: Option<i64>) -> Record {
+    Record {
         value: Some(b"v".to_vec().into()),
         timestamp_ms,
         ..Default::default()
-    };
+    }
+}
+
+fn raw(bytes: Vec<u8>) -> PartitionProduceData {
+    PartitionProduceData {
+        partition: 0,
+        record_batches: bytes.into(),
+        ..Default::default()
+    }
+}
+
+/// A standalone with topic `t` (1 partition).
+async fn with_topic(dir: &std::path::Path) -> (Proc, String) {
+    let (server, bootstrap) = start(dir);
+    let (ok, err) = create(&bootstrap, "t", &[]);
+    assert!(ok, "{err}");
+    (server, bootstrap)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_compression_values_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, bootstrap) = with_topic(dir.path()).await;
     let (code, message) = produce_error(
         &bootstrap,
         "t",
@@ -212,7 +228,17 @@ async fn bad_records_and_codecs_are_refused_and_nothing_is_written() {
     .await;
     assert_eq!(code, ErrorCode::InvalidRequest, "{message}");
     assert!(message.contains("compression 9"), "{message}");
+    assert_eq!(
+        log_end(&bootstrap, "t").await,
+        0,
+        "a refused batch was written"
+    );
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn negative_timestamps_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, bootstrap) = with_topic(dir.path()).await;
     let (code, message) = produce_error(
         &bootstrap,
         "t",
@@ -228,23 +254,37 @@ async fn bad_records_and_codecs_are_refused_and_nothing_is_written() {
         message.contains("record 1 has timestamp_ms -5"),
         "{message}"
     );
+    for timestamp in [-7, -1] {
+        let (code, message) = produce_error(&bootstrap, "t", raw(batch_with(timestamp, 0))).await;
+        assert_eq!(code, ErrorCode::InvalidRecord, "{message}");
+        assert!(
+            message.contains(&format!("timestamp {timestamp}")),
+            "{message}"
+        );
+    }
+    assert_eq!(
+        log_end(&bootstrap, "t").await,
+        0,
+        "a refused batch was written"
+    );
+    // The same batch with a valid timestamp is accepted.
+    let r = broker(&bootstrap)
+        .await
+        .produce(produce_request("t", raw(batch_with(1_000, 0))))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.topics[0].partitions[0].error_code, 0);
+    assert_eq!(log_end(&bootstrap, "t").await, 1);
+}
 
-    for (bytes, needle) in [
-        (batch_with(-7, 0), "timestamp -7"),
-        (batch_with(-1, 0), "timestamp -1"),
-        (batch_with(1_000, 0x10), "transactional"),
-        (batch_with(1_000, 0x20), "control"),
-    ] {
-        let (code, message) = produce_error(
-            &bootstrap,
-            "t",
-            PartitionProduceData {
-                partition: 0,
-                record_batches: bytes.into(),
-                ..Default::default()
-            },
-        )
-        .await;
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactional_and_control_batches_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, bootstrap) = with_topic(dir.path()).await;
+    for (attribute, needle) in [(0x10, "transactional"), (0x20, "control")] {
+        let (code, message) =
+            produce_error(&bootstrap, "t", raw(batch_with(1_000, attribute))).await;
         assert_eq!(code, ErrorCode::InvalidRecord, "{message}");
         assert!(message.contains(needle), "{needle}: {message}");
     }
@@ -253,22 +293,6 @@ async fn bad_records_and_codecs_are_refused_and_nothing_is_written() {
         0,
         "a refused batch was written"
     );
-    // The same batch with a valid timestamp and attributes is accepted.
-    let r = broker(&bootstrap)
-        .await
-        .produce(produce_request(
-            "t",
-            PartitionProduceData {
-                partition: 0,
-                record_batches: batch_with(1_000, 0).into(),
-                ..Default::default()
-            },
-        ))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(r.topics[0].partitions[0].error_code, 0);
-    assert_eq!(log_end(&bootstrap, "t").await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -335,15 +359,28 @@ struct NotAProduceRequest {
     text: String,
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn oversized_and_malformed_requests_carry_a_tidelog_code() {
-    let dir = tempfile::tempdir().unwrap();
+/// A standalone with topic `t` that accepts requests of at most 64 KiB.
+async fn with_small_requests(dir: &std::path::Path) -> (Proc, String) {
     let port = free_ports(1)[0];
-    let _server = standalone_with(dir.path(), port, &[("TIDELOG_MAX_REQUEST_BYTES", "65536")]);
+    let server = standalone_with(dir, port, &[("TIDELOG_MAX_REQUEST_BYTES", "65536")]);
     let bootstrap = format!("127.0.0.1:{port}");
-    assert!(create(&bootstrap, "t", &[]).0);
+    let (ok, err) = create(&bootstrap, "t", &[]);
+    assert!(ok, "{err}");
+    (server, bootstrap)
+}
 
-    // Above max_request_bytes: tonic refuses it before the handler.
+fn coded(status: &tonic::Status) -> Option<&str> {
+    status
+        .metadata()
+        .get(ERROR_CODE_KEY)
+        .map(|v| v.to_str().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_above_max_request_bytes_carries_a_tidelog_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, bootstrap) = with_small_requests(dir.path()).await;
+    // 100 MiB: tonic refuses it before the handler runs.
     let big = produce_request(
         "t",
         PartitionProduceData {
@@ -356,17 +393,15 @@ async fn oversized_and_malformed_requests_carry_a_tidelog_code() {
         },
     );
     let status = broker(&bootstrap).await.produce(big).await.unwrap_err();
-    assert_eq!(
-        status
-            .metadata()
-            .get(ERROR_CODE_KEY)
-            .map(|v| v.to_str().unwrap()),
-        Some("INVALID_REQUEST"),
-        "{status:?}"
-    );
+    assert_eq!(coded(&status), Some("INVALID_REQUEST"), "{status:?}");
     assert!(status.message().contains("65536"), "{status:?}");
+    assert_eq!(log_end(&bootstrap, "t").await, 0);
+}
 
-    // Not a ProduceRequest at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_protobuf_carries_a_tidelog_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, bootstrap) = with_topic(dir.path()).await;
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{bootstrap}"))
         .unwrap()
         .connect()
@@ -384,17 +419,14 @@ async fn oversized_and_malformed_requests_carry_a_tidelog_code() {
         )
         .await
         .unwrap_err();
-    assert_eq!(
-        status
-            .metadata()
-            .get(ERROR_CODE_KEY)
-            .map(|v| v.to_str().unwrap()),
-        Some("INVALID_REQUEST"),
-        "{status:?}"
-    );
+    assert_eq!(coded(&status), Some("INVALID_REQUEST"), "{status:?}");
     assert_eq!(log_end(&bootstrap, "t").await, 0);
+}
 
-    // The CLI shows the code of a request above the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_shows_the_code_of_a_request_above_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, bootstrap) = with_small_requests(dir.path()).await;
     let out = Command::new(binary())
         .args(["produce", "--bootstrap", &bootstrap, "--topic", "t"])
         .stdin(Stdio::piped())
@@ -411,5 +443,4 @@ async fn oversized_and_malformed_requests_carry_a_tidelog_code() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("INVALID_REQUEST"), "{err}");
-    let _ = Duration::ZERO;
 }
