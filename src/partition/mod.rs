@@ -39,6 +39,7 @@ use std::path::PathBuf;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use damage::{DamageKind, DamageReport, DamagedRange};
 pub use epoch_cache::{EpochEntry, LeaderEpochCache};
+pub use loader::{lock_data_dir, DirLock};
 pub use log::{AppendInfo, FetchData, Isolation, PartitionLog, RetentionOutcome};
 pub use retention::{segments_to_delete, SegmentSummary};
 pub use validate::MAX_UNCOMPRESSED_BATCH_BYTES;

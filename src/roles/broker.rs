@@ -96,7 +96,8 @@ impl BrokerRuntime {
         })?;
         let id = BrokerId(config.broker_id);
         let metadata = Arc::new(MetadataCache::default());
-        let partitions = Arc::new(PartitionManager::new(&config.data_dir, id));
+        let partitions =
+            Arc::new(PartitionManager::new(&config.data_dir, id).map_err(RoleError::DataDir)?);
         let lease = Arc::new(LeaderLease::default());
         let producer_ids = Arc::new(ProducerIdBlocks::new(PRODUCER_ID_BLOCK_SIZE));
         let (isr_tx, isr_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -315,6 +316,7 @@ impl BrokerRuntime {
 
 /// Runs a broker until SIGTERM or Ctrl-C.
 pub async fn run(config: BrokerConfig) -> Result<(), RoleError> {
+    super::fd_limit::raise_and_log();
     config.validate()?;
     let internal_listen = config.internal_listen_address()?;
     let secret = node_secret(&config.cluster_secret_file, &internal_listen)?;

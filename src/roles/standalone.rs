@@ -35,6 +35,7 @@ pub async fn run(
     mut controller: ControllerConfig,
     mut broker: BrokerConfig,
 ) -> Result<(), RoleError> {
+    super::fd_limit::raise_and_log();
     let private = broker.internal_listen.is_empty();
     let (internal_bind, secret) = if private {
         ("127.0.0.1:0", Arc::new(ClusterSecret::random()))

@@ -5,6 +5,10 @@
 //! segment is sealed or closed. After a crash a file may still carry its preallocated
 //! zeros; the typed indexes on top detect that in their sanity checks and the segment
 //! rebuilds them from the log.
+//!
+//! No descriptor stays open: the file is opened to size and map it, then closed (a
+//! mapping outlives its descriptor), so an index costs a mapping, not a file handle.
+//! A partition with thousands of siblings keeps one descriptor (its active `.log`).
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -16,7 +20,6 @@ use memmap2::{MmapMut, MmapOptions};
 #[derive(Debug)]
 pub struct IndexFile {
     path: PathBuf,
-    file: File,
     mmap: Option<MmapMut>,
     entry_size: usize,
     entries: usize,
@@ -43,7 +46,6 @@ impl IndexFile {
         let entries = len / entry_size;
         let mut index = Self {
             path: path.to_path_buf(),
-            file,
             mmap: None,
             entry_size,
             entries,
@@ -54,7 +56,7 @@ impl IndexFile {
         } else {
             entries
         };
-        index.remap(capacity)?;
+        index.remap_with(&file, capacity)?;
         Ok(index)
     }
 
@@ -127,18 +129,23 @@ impl IndexFile {
     }
 
     fn remap(&mut self, capacity: usize) -> io::Result<()> {
+        let file = OpenOptions::new().read(true).write(true).open(&self.path)?;
+        self.remap_with(&file, capacity)
+    }
+
+    fn remap_with(&mut self, file: &File, capacity: usize) -> io::Result<()> {
         if let Some(map) = self.mmap.take() {
             map.flush()?;
         }
         let len = capacity * self.entry_size;
-        if self.file.metadata()?.len() != len as u64 {
-            self.file.set_len(len as u64)?;
+        if file.metadata()?.len() != len as u64 {
+            file.set_len(len as u64)?;
         }
         self.capacity = capacity;
         if len > 0 {
             // SAFETY: the file is owned by this partition (directory lock) and only this
             // struct changes its length, so the mapping never outlives the bytes under it.
-            self.mmap = Some(unsafe { MmapOptions::new().len(len).map_mut(&self.file)? });
+            self.mmap = Some(unsafe { MmapOptions::new().len(len).map_mut(file)? });
         }
         Ok(())
     }
