@@ -64,7 +64,7 @@ async fn thousands_of_partitions_open_with_about_one_descriptor_each() {
     assert_eq!(opened, partitions as usize);
 
     // Produce to a sample, spread over the range: each answers with an offset.
-    let mut client = BrokerClient::connect(format!("http://{bootstrap}"))
+    let client = BrokerClient::connect(format!("http://{bootstrap}"))
         .await
         .unwrap();
     let sample: Vec<u32> = (0..partitions)
