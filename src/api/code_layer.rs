@@ -1,9 +1,13 @@
 //! Gives every failed call a tidelog error code, including the failures tonic answers
 //! itself before a handler runs: a message above the server's decoding limit
-//! (`OUT_OF_RANGE`), bytes that are not the method's protobuf message (`INTERNAL`), an
-//! unknown method (`UNIMPLEMENTED`). Such a status carries no `tidelog-error-code`;
+//! (`OUT_OF_RANGE`), bytes that are not the method's protobuf message (`INTERNAL`). Such
+//! a status carries no `tidelog-error-code`;
 //! [`CodeLayer`] adds one (and `tidelog-retriable`) to the response headers, so clients
 //! see a coded refusal rather than what looks like a server fault.
+//!
+//! `UNIMPLEMENTED` (a service this port does not serve) stays uncoded: clients read an
+//! uncoded `UNIMPLEMENTED` as "try another address" (a controller given as bootstrap for
+//! a data call), and map it to `INVALID_REQUEST` themselves.
 //!
 //! Only trailers-only responses (the status in the headers, as tonic sends every unary
 //! error) are touched; statuses that already carry a code pass unchanged.
@@ -84,7 +88,7 @@ fn add_code<B>(mut response: http::Response<B>) -> http::Response<B> {
     let Some(status) = Status::from_header_map(headers) else {
         return response;
     };
-    if status.code() == Code::Ok {
+    if matches!(status.code(), Code::Ok | Code::Unimplemented) {
         return response;
     }
     let code = code_for_uncoded(status.code(), status.message());
@@ -136,6 +140,9 @@ mod tests {
             super::super::status::error_status(ErrorCode::NotController, "x", None).into_http();
         let r = add_code(coded);
         assert_eq!(r.headers()[ERROR_CODE_KEY], "NOT_CONTROLLER");
+
+        let unserved: http::Response<()> = Status::unimplemented("").into_http();
+        assert!(!add_code(unserved).headers().contains_key(ERROR_CODE_KEY));
 
         let ok = http::Response::new(());
         assert!(!add_code(ok).headers().contains_key(ERROR_CODE_KEY));
