@@ -60,6 +60,9 @@ pub struct ControllerConfig {
     pub connections_max: usize,
     /// Longest a new connection may take to open with the HTTP/2 preface (ms).
     pub connection_handshake_timeout_ms: u64,
+    /// Most partition replicas placement gives one broker; creating topics or adding
+    /// partitions beyond it fails with PARTITION_LIMIT_EXCEEDED.
+    pub max_partitions_per_broker: usize,
 }
 
 impl Default for ControllerConfig {
@@ -83,6 +86,7 @@ impl Default for ControllerConfig {
             leader_imbalance_check_interval_ms: 30_000,
             connections_max: 10_000,
             connection_handshake_timeout_ms: 10_000,
+            max_partitions_per_broker: 20_000,
         }
     }
 }
@@ -116,6 +120,9 @@ impl ControllerConfig {
                 "connections_max must be >= 1 and connection_handshake_timeout_ms >= 10 (got {}, {})",
                 self.connections_max, self.connection_handshake_timeout_ms
             ));
+        }
+        if self.max_partitions_per_broker == 0 {
+            return bad("max_partitions_per_broker must be at least 1".to_owned());
         }
         if self.raft_heartbeat_interval_ms == 0 {
             return bad("raft_heartbeat_interval_ms must be at least 1".to_owned());

@@ -85,6 +85,8 @@ error_codes! {
     InvalidProducerEpoch = "INVALID_PRODUCER_EPOCH", false, "The producer epoch is older than the current one (a newer producer took over), or a new epoch does not start at sequence 0.";
     ClusterAuthorizationFailed = "CLUSTER_AUTHORIZATION_FAILED", false, "An internal (node-to-node) service was called on a client port; internal services are served only on the internal listener, to nodes holding the cluster secret.";
     InconsistentTopicId = "INCONSISTENT_TOPIC_ID", true, "The topic id does not match this broker's partition: the topic was deleted and re-created under the same name; refresh metadata.";
+    InvalidRecord = "INVALID_RECORD", false, "A client batch breaks a record rule: a negative timestamp, or the transactional or control attribute (transactions are not supported yet); nothing was written.";
+    PartitionLimitExceeded = "PARTITION_LIMIT_EXCEEDED", false, "Placing the new partitions would give a broker more replicas than max_partitions_per_broker allows; nothing was created. Delete topics or add brokers first.";
 }
 
 impl fmt::Display for ErrorCode {

@@ -23,6 +23,7 @@ use super::proto::{
 };
 use crate::controller::command::Reassignment;
 use crate::controller::node::{NewTopic, TopicAlteration};
+use crate::controller::validation;
 use crate::controller::{ControllerError, ControllerNode};
 use crate::error_code::ErrorCode;
 use crate::types::BrokerId;
@@ -30,16 +31,39 @@ use crate::types::BrokerId;
 /// How long `cluster describe` waits for each peer's status.
 const PEER_STATUS_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// Who calls a service: decides whether reserved internal topics may be changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Callers {
+    /// A client port: reserved topics (`__*`) are refused.
+    Clients,
+    /// The internal listener: authenticated nodes, which create `__consumer_offsets`.
+    Nodes,
+}
+
 /// Serves the Admin service of one controller.
 pub struct ControllerAdminService {
     node: Arc<ControllerNode>,
     peers: Arc<PeerChannels>,
+    callers: Callers,
 }
 
 impl ControllerAdminService {
-    /// A service over `node`, forwarding through `peers`.
-    pub fn new(node: Arc<ControllerNode>, peers: Arc<PeerChannels>) -> Self {
-        Self { node, peers }
+    /// A service over `node` for `callers`, forwarding through `peers`.
+    pub fn new(node: Arc<ControllerNode>, peers: Arc<PeerChannels>, callers: Callers) -> Self {
+        Self {
+            node,
+            peers,
+            callers,
+        }
+    }
+
+    /// Refuses a client's `action` on a reserved internal topic.
+    fn check_may_change(&self, topic: &str, action: &str) -> Result<(), Status> {
+        if self.callers == Callers::Nodes {
+            return Ok(());
+        }
+        validation::check_client_may_change(topic, action)
+            .map_err(|e| ControllerError::from(e).into())
     }
 
     fn leader_client(&self, address: &str) -> Result<AdminClient<Channel>, Status> {
@@ -153,6 +177,7 @@ impl Admin for ControllerAdminService {
         &self,
         request: Request<CreateTopicRequest>,
     ) -> Result<Response<CreateTopicResponse>, Status> {
+        self.check_may_change(&request.get_ref().name, "create")?;
         forward_to_leader!(self, request, create_topic, catch_up);
         let r = request.into_inner();
         let (topic, metadata_version) = self
@@ -205,6 +230,7 @@ impl Admin for ControllerAdminService {
         &self,
         request: Request<AlterTopicRequest>,
     ) -> Result<Response<AlterTopicResponse>, Status> {
+        self.check_may_change(&request.get_ref().name, "alter")?;
         forward_to_leader!(self, request, alter_topic, catch_up);
         let r = request.into_inner();
         let (topic, metadata_version) = self
@@ -261,6 +287,7 @@ impl Admin for ControllerAdminService {
         &self,
         request: Request<DeleteTopicRequest>,
     ) -> Result<Response<DeleteTopicResponse>, Status> {
+        self.check_may_change(&request.get_ref().name, "delete")?;
         forward_to_leader!(self, request, delete_topic, catch_up);
         let metadata_version = self.node.delete_topic(&request.into_inner().name).await?;
         Ok(Response::new(DeleteTopicResponse { metadata_version }))

@@ -22,6 +22,7 @@ use super::proto::{
 use super::status::error_status;
 use crate::broker::BrokerNode;
 use crate::client::{AdminClient, ClientError};
+use crate::controller::validation;
 use crate::error_code::ErrorCode;
 
 /// How long InitProducerId waits for a block of ids when the broker has none left.
@@ -78,6 +79,13 @@ impl BrokerAdminService {
         matches!(self.backend, AdminBackend::Remote(_)) && !self.node.controllers_reachable()
     }
 
+    /// Refuses a client's `action` on a reserved internal topic (the broker's own paths,
+    /// such as creating `__consumer_offsets`, go to the controllers' internal listener).
+    fn check_may_change(topic: &str, action: &str) -> Result<(), Status> {
+        validation::check_client_may_change(topic, action)
+            .map_err(|e| error_status(e.code, e.message, None))
+    }
+
     /// Refuses a metadata change at once while the controllers are down.
     fn check_controllers(&self, what: &str) -> Result<(), Status> {
         if self.controllers_down() {
@@ -130,6 +138,7 @@ impl Admin for BrokerAdminService {
         request: Request<CreateTopicRequest>,
     ) -> Result<Response<CreateTopicResponse>, Status> {
         let r = request.into_inner();
+        Self::check_may_change(&r.name, "create")?;
         self.check_controllers("create a topic")?;
         let response =
             via_backend!(self, create_topic, r.clone(), c => c.create_topic_request(r.clone()));
@@ -187,6 +196,7 @@ impl Admin for BrokerAdminService {
         request: Request<AlterTopicRequest>,
     ) -> Result<Response<AlterTopicResponse>, Status> {
         let r = request.into_inner();
+        Self::check_may_change(&r.name, "alter")?;
         self.check_controllers("alter a topic")?;
         let response = via_backend!(self, alter_topic, r.clone(), c => c.alter_topic(r.clone()));
         Ok(Response::new(response))
@@ -225,6 +235,7 @@ impl Admin for BrokerAdminService {
         request: Request<DeleteTopicRequest>,
     ) -> Result<Response<DeleteTopicResponse>, Status> {
         let r = request.into_inner();
+        Self::check_may_change(&r.name, "delete")?;
         self.check_controllers("delete a topic")?;
         let response = match &self.backend {
             AdminBackend::Remote(c) => DeleteTopicResponse {

@@ -20,12 +20,17 @@ use super::status::{error_status, to_wire};
 use crate::broker::node::{Acks, FetchTarget, OffsetQuery};
 use crate::broker::{BrokerError, BrokerNode};
 use crate::client::AdminClient;
+use crate::controller::validation;
 use crate::error_code::ErrorCode;
 use crate::partition::MAX_UNCOMPRESSED_BATCH_BYTES;
 use crate::record::{decode_data_records, BatchBuilder, Compression, RecordRef};
 
 /// How long an acks=all produce waits for replication when the request gives no timeout.
 const PRODUCE_TIMEOUT_DEFAULT_MS: u64 = 30_000;
+
+/// Most partitions one Produce, Fetch or ListOffsets request may name: bounds the work
+/// and the response one request can cause (clients split larger sets).
+pub const PARTITIONS_PER_REQUEST_MAX: usize = 1_000;
 
 /// Default fetch response bound when the request gives none.
 const FETCH_BYTES_DEFAULT: usize = 50 * 1024 * 1024;
@@ -85,14 +90,38 @@ impl BrokerService {
     }
 }
 
-fn compression(c: i32) -> Compression {
-    match proto::Compression::try_from(c).unwrap_or(proto::Compression::None) {
+/// The codec a produce request names; an unknown enum value is refused, never stored
+/// uncompressed in silence.
+fn compression(partition: u32, c: i32) -> Result<Compression, BrokerError> {
+    let Ok(wire) = proto::Compression::try_from(c) else {
+        return Err(BrokerError::new(
+            ErrorCode::InvalidRequest,
+            format!(
+                "partition {partition}: compression {c} is not a known codec (0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd)"
+            ),
+        ));
+    };
+    Ok(match wire {
         proto::Compression::None => Compression::None,
         proto::Compression::Gzip => Compression::Gzip,
         proto::Compression::Snappy => Compression::Snappy,
         proto::Compression::Lz4 => Compression::Lz4,
         proto::Compression::Zstd => Compression::Zstd,
+    })
+}
+
+/// Refuses more than [`PARTITIONS_PER_REQUEST_MAX`] partitions in one `request`.
+fn check_partition_count(request: &str, count: usize) -> Result<(), Status> {
+    if count > PARTITIONS_PER_REQUEST_MAX {
+        return Err(error_status(
+            ErrorCode::InvalidRequest,
+            format!(
+                "{request} names {count} partitions; the limit is {PARTITIONS_PER_REQUEST_MAX} per request: split it"
+            ),
+            None,
+        ));
     }
+    Ok(())
 }
 
 fn now_ms() -> i64 {
@@ -119,9 +148,18 @@ fn encode_records(data: &proto::PartitionProduceData) -> Result<Vec<u8>, BrokerE
         ));
     }
     let now = now_ms();
-    let mut builder = BatchBuilder::new(compression(data.compression));
+    let mut builder = BatchBuilder::new(compression(data.partition, data.compression)?);
     let mut header_buf: Vec<(&str, Option<&[u8]>)> = Vec::new();
-    for r in &data.records {
+    for (i, r) in data.records.iter().enumerate() {
+        if let Some(ts) = r.timestamp_ms.filter(|ts| *ts < 0) {
+            return Err(BrokerError::new(
+                ErrorCode::InvalidRecord,
+                format!(
+                    "partition {}: record {i} has timestamp_ms {ts}; timestamps must be >= 0 (leave it out for the broker's clock)",
+                    data.partition
+                ),
+            ));
+        }
         header_buf.clear();
         header_buf.extend(
             r.headers
@@ -188,6 +226,10 @@ impl Broker for BrokerService {
                 None,
             ));
         }
+        check_partition_count(
+            "produce request",
+            r.topics.iter().map(|t| t.partitions.len()).sum(),
+        )?;
         // A request without acks gets the durable default, as Kafka's producer does.
         let acks = r.acks.unwrap_or(-1);
         if !matches!(acks, -1..=1) {
@@ -263,6 +305,10 @@ impl Broker for BrokerService {
         } else {
             r.max_bytes as usize
         };
+        check_partition_count(
+            "fetch request",
+            r.topics.iter().map(|t| t.partitions.len()).sum(),
+        )?;
         let mut targets = Vec::new();
         for t in &r.topics {
             for p in &t.partitions {
@@ -358,6 +404,10 @@ impl Broker for BrokerService {
         request: Request<ListOffsetsRequest>,
     ) -> Result<Response<ListOffsetsResponse>, Status> {
         let r = request.into_inner();
+        check_partition_count(
+            "list-offsets request",
+            r.topics.iter().map(|t| t.partitions.len()).sum(),
+        )?;
         let mut topics = Vec::new();
         for t in r.topics {
             let mut partitions = Vec::new();
@@ -411,8 +461,10 @@ impl Broker for BrokerService {
     ) -> Result<Response<MetadataResponse>, Status> {
         let wanted = request.into_inner().topics;
         if let Some(admin) = &self.auto_create {
+            // Reserved internal topics are never auto-created for a client.
             let missing: Vec<String> = wanted
                 .iter()
+                .filter(|n| !validation::is_reserved_topic(n))
                 .filter(|n| self.node.metadata().topic(n).is_none())
                 .cloned()
                 .collect();

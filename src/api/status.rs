@@ -40,6 +40,7 @@ fn grpc_code(code: ErrorCode) -> Code {
         | ErrorCode::OutOfOrderSequenceNumber
         | ErrorCode::InvalidProducerEpoch
         | ErrorCode::RecordTooLarge
+        | ErrorCode::InvalidRecord
         | ErrorCode::CorruptMessage => Code::InvalidArgument,
         ErrorCode::OffsetOutOfRange => Code::OutOfRange,
         ErrorCode::RequestTimedOut => Code::DeadlineExceeded,
@@ -58,6 +59,7 @@ fn grpc_code(code: ErrorCode) -> Code {
         | ErrorCode::IneligibleReplica
         | ErrorCode::InconsistentTopicId => Code::FailedPrecondition,
         ErrorCode::ClusterAuthorizationFailed => Code::PermissionDenied,
+        ErrorCode::PartitionLimitExceeded => Code::ResourceExhausted,
         ErrorCode::UnknownServerError => Code::Internal,
     }
 }

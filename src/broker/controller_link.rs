@@ -72,6 +72,27 @@ pub struct ControllerLink {
     partitions: Arc<PartitionManager>,
     replicas: Arc<ReplicaManager>,
     lease: Arc<LeaderLease>,
+    /// When open failures were last logged, and how many there were: repeated failures
+    /// log one summary line at most every [`OPEN_FAILURE_LOG_INTERVAL`].
+    open_failures_logged: parking_lot::Mutex<Option<(std::time::Instant, usize)>>,
+}
+
+/// Shortest pause between two summaries of the same number of partitions failing to open.
+const OPEN_FAILURE_LOG_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Whether to log `failed` open failures now, given the last summary (pure): when the
+/// count changed, or the same count was last logged at least `interval` ago.
+fn should_log_failures(
+    last: Option<(std::time::Instant, usize)>,
+    failed: usize,
+    now: std::time::Instant,
+    interval: Duration,
+) -> bool {
+    match last {
+        _ if failed == 0 => false,
+        Some((at, count)) => count != failed || now.duration_since(at) >= interval,
+        None => true,
+    }
 }
 
 impl ControllerLink {
@@ -108,6 +129,7 @@ impl ControllerLink {
             partitions,
             replicas,
             lease,
+            open_failures_logged: parking_lot::Mutex::new(None),
         }
     }
 
@@ -194,8 +216,25 @@ impl ControllerLink {
         })
         .await
         .unwrap_or_default();
-        for (partition, e) in failures {
-            tracing::error!(%partition, error = %e, "cannot open partition");
+        // One summary line, not one per partition per metadata change: thousands of
+        // partitions failing alike (no descriptors left) must not flood the log.
+        let now = std::time::Instant::now();
+        {
+            let mut logged = self.open_failures_logged.lock();
+            if should_log_failures(*logged, failures.len(), now, OPEN_FAILURE_LOG_INTERVAL) {
+                let examples: Vec<&str> =
+                    failures.iter().take(3).map(|(p, _)| p.as_str()).collect();
+                tracing::error!(
+                    failed = failures.len(),
+                    examples = %examples.join(", "),
+                    first_error = %failures[0].1,
+                    "cannot open partitions (repeats at most every {}s while the count stays the same)",
+                    OPEN_FAILURE_LOG_INTERVAL.as_secs()
+                );
+                *logged = Some((now, failures.len()));
+            } else if failures.is_empty() {
+                *logged = None;
+            }
         }
         self.replicas.apply_metadata().await;
     }
@@ -393,5 +432,32 @@ impl ControllerLink {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         tracing::warn!("controlled shutdown not confirmed in time; stopping anyway");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_failures_are_logged_when_their_count_changes_or_once_a_minute() {
+        let t0 = std::time::Instant::now();
+        let minute = Duration::from_secs(60);
+        assert!(should_log_failures(None, 5_000, t0, minute));
+        assert!(!should_log_failures(None, 0, t0, minute));
+        let last = Some((t0, 5_000));
+        assert!(!should_log_failures(
+            last,
+            5_000,
+            t0 + Duration::from_secs(59),
+            minute
+        ));
+        assert!(should_log_failures(last, 5_000, t0 + minute, minute));
+        assert!(should_log_failures(
+            last,
+            4_999,
+            t0 + Duration::from_secs(1),
+            minute
+        ));
     }
 }

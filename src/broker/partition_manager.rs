@@ -5,6 +5,10 @@
 //! inherits the old data. Directories of topics that no longer exist are deleted (renamed
 //! `*.deleted` first, then removed). All methods do blocking file I/O: call them off the
 //! async runtime.
+//!
+//! One lock for the whole data directory (`<data-dir>/.lock`, held from [`PartitionManager::new`]
+//! until the manager is dropped) keeps a second process out of every partition, at the
+//! cost of one descriptor instead of one per partition.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -14,7 +18,7 @@ use parking_lot::RwLock;
 use tokio::sync::watch;
 
 use crate::controller::model::MetadataImage;
-use crate::partition::{Clock, LogError, PartitionLog, SystemClock};
+use crate::partition::{lock_data_dir, Clock, DirLock, LogError, PartitionLog, SystemClock};
 use crate::replication::fetcher::PartitionLookup;
 pub use crate::replication::LocalPartition;
 use crate::topic_config::TopicConfig;
@@ -25,6 +29,8 @@ const TOPIC_ID_FILE: &str = "partition.metadata";
 /// Partitions by (topic, partition).
 pub struct PartitionManager {
     data_dir: PathBuf,
+    /// The data-directory lock every partition shares.
+    lock: DirLock,
     broker_id: BrokerId,
     clock: Arc<dyn Clock>,
     partitions: RwLock<HashMap<(String, u32), Arc<LocalPartition>>>,
@@ -39,15 +45,17 @@ fn parse_dir_name(name: &str) -> Option<(&str, u32)> {
 }
 
 impl PartitionManager {
-    /// A manager for partitions under `data_dir`.
-    pub fn new(data_dir: &Path, broker_id: BrokerId) -> Self {
-        Self {
+    /// A manager for partitions under `data_dir`; fails when another process holds it.
+    pub fn new(data_dir: &Path, broker_id: BrokerId) -> Result<Self, LogError> {
+        let lock = DirLock::DataDir(lock_data_dir(data_dir)?);
+        Ok(Self {
             data_dir: data_dir.to_owned(),
+            lock,
             broker_id,
             clock: Arc::new(SystemClock),
             partitions: RwLock::new(HashMap::new()),
             appended: Arc::new(watch::channel(0).0),
-        }
+        })
     }
 
     /// The partition, if stored here.
@@ -149,7 +157,7 @@ impl PartitionManager {
                 delete_dir(&dir);
             }
         }
-        let log = PartitionLog::open(&dir, config, self.clock.clone())?;
+        let log = PartitionLog::open_with(&dir, config, self.clock.clone(), &self.lock)?;
         if !id_file.exists() {
             crate::controller::log_store::write_atomically(
                 &id_file,

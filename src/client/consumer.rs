@@ -9,6 +9,7 @@ use bytes::Bytes;
 
 use super::cluster::Cluster;
 use super::error::ClientError;
+use crate::api::broker_service::PARTITIONS_PER_REQUEST_MAX;
 use crate::api::proto::broker_client::BrokerClient;
 use crate::api::proto::{
     FetchPartition, FetchRequest, FetchTopic, ListOffsetsPartition, ListOffsetsRequest,
@@ -201,7 +202,14 @@ impl Consumer {
             return Ok(Vec::new());
         }
         let mut tasks = tokio::task::JoinSet::new();
-        for (leader, parts) in by_leader {
+        // One request per leader and per PARTITIONS_PER_REQUEST_MAX partitions.
+        let requests = by_leader.into_iter().flat_map(|(leader, parts)| {
+            parts
+                .chunks(PARTITIONS_PER_REQUEST_MAX)
+                .map(|chunk| (leader.clone(), chunk.to_vec()))
+                .collect::<Vec<_>>()
+        });
+        for (leader, parts) in requests {
             let channel = self.cluster.connection().channel(&leader)?;
             let mut topics: Vec<FetchTopic> = Vec::new();
             for (topic, partition, offset) in parts {

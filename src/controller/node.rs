@@ -138,6 +138,8 @@ pub struct ControllerNode {
     pending_placements: Mutex<Vec<(u64, Vec<Vec<BrokerId>>)>>,
     next_pending_id: Mutex<u64>,
     data_dir: PathBuf,
+    /// Most replicas placement gives one broker (`max_partitions_per_broker`).
+    partitions_per_broker_max: usize,
 }
 
 fn role_name(state: ServerState) -> &'static str {
@@ -272,6 +274,7 @@ impl ControllerNode {
             pending_placements: Mutex::new(Vec::new()),
             next_pending_id: Mutex::new(0),
             data_dir: config.data_dir.clone(),
+            partitions_per_broker_max: config.max_partitions_per_broker,
         }))
     }
 
@@ -402,7 +405,20 @@ impl ControllerNode {
         for (_, assignments) in pending.iter() {
             load.add(assignments);
         }
+        let before = load.clone();
         let assignments = placement::place(&candidates, &mut load, partitions, replication_factor);
+        // Placement spreads evenly, so a broker over the limit means every choice would be.
+        if let Some((broker, count)) =
+            before.over_limit(&assignments, self.partitions_per_broker_max)
+        {
+            return Err(ControllerError::rejected(
+                ErrorCode::PartitionLimitExceeded,
+                format!(
+                    "placing {partitions} partitions x {replication_factor} replicas would give broker {broker} {count} replicas; max_partitions_per_broker is {}",
+                    self.partitions_per_broker_max
+                ),
+            ));
+        }
         let mut next = self.next_pending_id.lock();
         *next += 1;
         pending.push((*next, assignments.clone()));
@@ -420,6 +436,7 @@ impl ControllerNode {
         validation::validate_partition_count(partitions)?;
         let replication_factor = req.replication_factor.unwrap_or(1);
         validation::validate_topic_config(&req.config)?;
+        validation::validate_min_insync_replicas(&req.config, replication_factor)?;
         self.read_barrier().await?;
         if self
             .store
@@ -596,6 +613,7 @@ impl ControllerNode {
             }
             config.extend(req.set_config.clone());
             validation::validate_topic_config(&config)?;
+            validation::validate_min_insync_replicas(&config, current.replication_factor)?;
             Some(config)
         };
         if add == 0 && config.is_none() {

@@ -57,12 +57,50 @@ impl Load {
         }
     }
 
+    /// Among the brokers `assignments` gives replicas, the one that would hold the most
+    /// if they were added, with that count, when it is above `limit` (pure). Brokers the
+    /// assignments leave alone never refuse them (even if a lowered limit left them over).
+    pub fn over_limit(
+        &self,
+        assignments: &[Vec<BrokerId>],
+        limit: usize,
+    ) -> Option<(BrokerId, usize)> {
+        let mut after = self.replicas.clone();
+        for b in assignments.iter().flatten() {
+            *after.entry(*b).or_default() += 1;
+        }
+        let touched: std::collections::BTreeSet<&BrokerId> = assignments.iter().flatten().collect();
+        after
+            .into_iter()
+            .filter(|(b, n)| *n > limit && touched.contains(b))
+            .max_by_key(|(b, n)| (*n, std::cmp::Reverse(*b)))
+    }
+
     fn replicas(&self, b: BrokerId) -> usize {
         self.replicas.get(&b).copied().unwrap_or(0)
     }
 
     fn leaders(&self, b: BrokerId) -> usize {
         self.leaders.get(&b).copied().unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod limit_tests {
+    use super::*;
+
+    #[test]
+    fn the_limit_counts_existing_and_new_replicas_per_broker() {
+        let mut load = Load::default();
+        load.add(&[vec![BrokerId(1), BrokerId(2)], vec![BrokerId(1)]]);
+        let new = vec![vec![BrokerId(1), BrokerId(3)]];
+        assert_eq!(load.over_limit(&new, 3), None);
+        assert_eq!(load.over_limit(&new, 2), Some((BrokerId(1), 3)));
+        assert_eq!(
+            load.over_limit(&[], 1),
+            None,
+            "untouched brokers never refuse"
+        );
     }
 }
 

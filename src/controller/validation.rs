@@ -13,6 +13,52 @@ pub const TOPIC_NAME_LEN_MAX: usize = 249;
 /// Most partitions one topic may have.
 pub const PARTITIONS_PER_TOPIC_MAX: u32 = 10_000;
 
+/// Names starting with this are reserved for internal topics (`__consumer_offsets`, later
+/// `__transaction_state`): only the brokers and controllers create, alter or delete them.
+pub const RESERVED_TOPIC_PREFIX: &str = "__";
+
+/// Whether `name` is reserved for an internal topic.
+pub fn is_reserved_topic(name: &str) -> bool {
+    name.starts_with(RESERVED_TOPIC_PREFIX)
+}
+
+/// Refuses a client's create, alter or delete (`action`) of a reserved internal topic.
+pub fn check_client_may_change(name: &str, action: &str) -> Result<(), MetadataError> {
+    if is_reserved_topic(name) {
+        return Err(MetadataError::new(
+            ErrorCode::InvalidTopic,
+            format!(
+                "cannot {action} topic '{name}': names starting with '{RESERVED_TOPIC_PREFIX}' are reserved for internal topics, which only the cluster itself manages"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks `min.insync.replicas` in `config` (when set) against the replication factor:
+/// more would make every `acks=all` produce fail. A factor of 0 is left to
+/// [`validate_replication_factor`].
+pub fn validate_min_insync_replicas(
+    config: &BTreeMap<String, String>,
+    replication_factor: u32,
+) -> Result<(), MetadataError> {
+    if replication_factor == 0 {
+        return Ok(());
+    }
+    let parsed = TopicConfig::from_pairs(config.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .map_err(|e| MetadataError::new(ErrorCode::InvalidConfig, e.to_string()))?;
+    if parsed.min_insync_replicas > replication_factor {
+        return Err(MetadataError::new(
+            ErrorCode::InvalidConfig,
+            format!(
+                "min.insync.replicas {} is larger than the replication factor {replication_factor}: every acks=all produce would fail",
+                parsed.min_insync_replicas
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Checks a topic name against `[a-zA-Z0-9._-]{1,249}`, excluding `.` and `..`.
 pub fn validate_topic_name(name: &str) -> Result<(), MetadataError> {
     let invalid = |why: String| Err(MetadataError::new(ErrorCode::InvalidTopic, why));
@@ -97,6 +143,30 @@ mod tests {
         }
         let err = validate_topic_name("a/b").unwrap_err();
         assert!(err.message.contains("'/'"), "{}", err.message);
+    }
+
+    #[test]
+    fn clients_may_not_change_reserved_topics() {
+        for name in ["__consumer_offsets", "__transaction_state", "__x"] {
+            let e = check_client_may_change(name, "create").unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidTopic);
+            assert!(e.message.contains("reserved"), "{}", e.message);
+            assert!(e.message.contains(name), "{}", e.message);
+        }
+        for name in ["_x", "a__b", "consumer_offsets"] {
+            assert_eq!(check_client_may_change(name, "create"), Ok(()), "{name}");
+        }
+    }
+
+    #[test]
+    fn min_insync_replicas_at_most_the_replication_factor() {
+        let c = |v: &str| BTreeMap::from([("min.insync.replicas".to_owned(), v.to_owned())]);
+        assert!(validate_min_insync_replicas(&c("3"), 3).is_ok());
+        assert!(validate_min_insync_replicas(&BTreeMap::new(), 1).is_ok());
+        let e = validate_min_insync_replicas(&c("4"), 3).unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidConfig);
+        assert!(e.message.contains("min.insync.replicas 4"), "{}", e.message);
+        assert!(e.message.contains("replication factor 3"), "{}", e.message);
     }
 
     #[test]

@@ -2,7 +2,10 @@
 //! load or crash recovery.
 //!
 //! Rules (also in `docs/storage-format.md`):
-//! 1. Take an exclusive lock on `.lock`; fail if another opener holds it.
+//! 1. Make sure no other process has the directory open: take an exclusive lock on its
+//!    own `.lock` ([`DirLock::Own`], tools and tests), or rely on the lock the caller holds
+//!    on the whole data directory ([`DirLock::DataDir`], a broker: one descriptor for all
+//!    its partitions); fail if another opener holds it.
 //! 2. Delete leftovers: `*.tmp` (interrupted checkpoint writes) and `*.deleted`
 //!    (interrupted segment deletes), and index files whose `.log` is gone.
 //! 3. With a `.clean-shutdown` marker, trust the files: check each index, rebuild any that
@@ -29,6 +32,7 @@ use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::path::Path;
+use std::sync::Arc;
 
 use crate::segment::{
     remove_if_exists, segment_file, LogSegment, SegmentConfig, SegmentDamage, SegmentError,
@@ -114,8 +118,8 @@ pub struct Loaded {
     pub high_watermark: u64,
     /// The leader-epoch cache, consistent with the log.
     pub epochs: LeaderEpochCache,
-    /// The directory lock, held while the partition is open.
-    pub lock: File,
+    /// The directory lock (own or shared), held while the partition is open.
+    pub lock: Arc<File>,
     /// True when the last shutdown was clean.
     pub was_clean: bool,
 }
@@ -130,6 +134,23 @@ pub fn segment_config(config: &TopicConfig) -> SegmentConfig {
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> LogError + '_ {
     move |e| LogError::io(path, e)
+}
+
+/// How a partition directory is kept to one process.
+#[derive(Debug, Clone)]
+pub enum DirLock {
+    /// Lock the partition directory's own `.lock` while it is open.
+    Own,
+    /// The caller holds [`lock_data_dir`] on the directory above it.
+    DataDir(Arc<File>),
+}
+
+/// Locks `<data_dir>/.lock` for as long as the returned file lives: the broker's one
+/// lock for all its partitions. Fails with [`LogError::DirectoryLocked`] when another
+/// process holds it.
+pub fn lock_data_dir(data_dir: &Path) -> Result<Arc<File>, LogError> {
+    fs::create_dir_all(data_dir).map_err(io_err(data_dir))?;
+    lock_dir(data_dir).map(Arc::new)
 }
 
 fn lock_dir(dir: &Path) -> Result<File, LogError> {
@@ -189,9 +210,12 @@ fn discover_segments(dir: &Path) -> Result<Vec<u64>, LogError> {
 }
 
 /// Opens `dir` (creating it if needed) and brings its log to a consistent state.
-pub fn load(dir: &Path, config: &TopicConfig) -> Result<Loaded, LogError> {
+pub fn load(dir: &Path, config: &TopicConfig, lock: &DirLock) -> Result<Loaded, LogError> {
     fs::create_dir_all(dir).map_err(io_err(dir))?;
-    let lock = lock_dir(dir)?;
+    let lock = match lock {
+        DirLock::Own => Arc::new(lock_dir(dir)?),
+        DirLock::DataDir(held) => held.clone(),
+    };
     let name = dir
         .file_name()
         .map_or_else(String::new, |n| n.to_string_lossy().into_owned());

@@ -19,7 +19,7 @@ use super::clock::Clock;
 use super::damage::{DamageKind, DamagedRange};
 use super::epoch_cache::LeaderEpochCache;
 use super::group_commit::GroupCommit;
-use super::loader::{self, segment_config, OffsetsCheckpoint, CLEAN_SHUTDOWN_FILE};
+use super::loader::{self, segment_config, DirLock, OffsetsCheckpoint, CLEAN_SHUTDOWN_FILE};
 use super::producer_state::{self, ProducerBatch, ProducerStateTable, SequenceCheck};
 use super::retention::{segments_to_delete, SegmentSummary};
 use super::validate::{validate_batches, BatchMeta};
@@ -146,7 +146,7 @@ pub struct PartitionLog {
     /// Tests only: the mutation step that fails next.
     #[cfg(test)]
     fault: parking_lot::Mutex<Option<FaultSite>>,
-    _lock: File,
+    _lock: Arc<File>,
 }
 
 /// Steps of a mutation where tests inject an I/O failure (a no-op outside tests).
@@ -178,8 +178,19 @@ const READ_ATTEMPTS: usize = 4;
 
 impl PartitionLog {
     /// Opens (or creates) the partition in `dir`, recovering it after a crash.
+    /// Locks `dir` itself ([`DirLock::Own`]).
     pub fn open(dir: &Path, config: TopicConfig, clock: Arc<dyn Clock>) -> Result<Self, LogError> {
-        let log = Self::open_segments(dir, config, clock)?;
+        Self::open_with(dir, config, clock, &DirLock::Own)
+    }
+
+    /// [`PartitionLog::open`] under the given lock (a broker passes its data-dir lock).
+    pub fn open_with(
+        dir: &Path,
+        config: TopicConfig,
+        clock: Arc<dyn Clock>,
+        lock: &DirLock,
+    ) -> Result<Self, LogError> {
+        let log = Self::open_segments(dir, config, clock, lock)?;
         log.rebuild_producer_state()?;
         Ok(log)
     }
@@ -246,8 +257,9 @@ impl PartitionLog {
         dir: &Path,
         config: TopicConfig,
         clock: Arc<dyn Clock>,
+        lock: &DirLock,
     ) -> Result<Self, LogError> {
-        let loaded = loader::load(dir, &config)?;
+        let loaded = loader::load(dir, &config, lock)?;
         let name = dir
             .file_name()
             .map_or_else(String::new, |n| n.to_string_lossy().into_owned());

@@ -39,6 +39,7 @@ use std::path::PathBuf;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use damage::{DamageKind, DamageReport, DamagedRange};
 pub use epoch_cache::{EpochEntry, LeaderEpochCache};
+pub use loader::{lock_data_dir, DirLock};
 pub use log::{AppendInfo, FetchData, Isolation, PartitionLog, RetentionOutcome};
 pub use retention::{segments_to_delete, SegmentSummary};
 pub use validate::MAX_UNCOMPRESSED_BATCH_BYTES;
@@ -89,6 +90,13 @@ pub enum LogError {
     #[error("invalid record batch: {reason}")]
     InvalidRecord {
         /// What is wrong.
+        reason: String,
+    },
+    /// A well-formed client batch breaks a record rule (a negative timestamp, the
+    /// transactional or control attribute); nothing was written.
+    #[error("record batch refused: {reason}")]
+    RefusedRecord {
+        /// Which rule, naming the batch, record and field.
         reason: String,
     },
     /// A follower append does not continue the log.

@@ -100,7 +100,7 @@ pub struct RepairPlan {
     pub segments_checked: usize,
     /// Valid batches seen.
     pub valid_batches: u64,
-    _lock: Option<File>,
+    _lock: Vec<File>,
 }
 
 impl RepairPlan {
@@ -161,7 +161,11 @@ pub fn plan(dir: &Path) -> Result<RepairPlan, LogError> {
             source: io::Error::new(io::ErrorKind::NotFound, "not a partition directory"),
         });
     }
-    let lock = lock(dir)?;
+    // The partition's own lock (tools, older brokers) and the broker's data-dir lock.
+    let mut lock: Vec<File> = lock(dir)?.into_iter().collect();
+    if let Some(data_dir) = dir.parent() {
+        lock.extend(self::lock(data_dir)?);
+    }
     let bases = segment_bases(dir)?;
     let gaps = damage::read_gaps(dir).map_err(io_err(dir))?;
     let mut plan = RepairPlan {

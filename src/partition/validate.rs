@@ -8,6 +8,10 @@
 //! limit in memory and CPU, never its expanded size. A follower
 //! accepts batches copied from its leader: same format checks, plus offsets that continue
 //! its log exactly.
+//!
+//! A client batch must also keep the record rules ([`LogError::RefusedRecord`]): no
+//! control or transactional attribute (transactions are not supported yet), and no
+//! negative timestamp, in any record or in `max_timestamp`.
 
 use crate::record::{peek_total_size, RecordBatch, RecordError, LOG_OVERHEAD};
 
@@ -80,19 +84,31 @@ pub fn validate_batches(
         } else {
             MAX_UNCOMPRESSED_BATCH_BYTES.max(max_message_bytes)
         };
-        batch.validate(uncompressed_limit).map_err(|e| match e {
-            RecordError::DecompressedTooLarge {
-                codec,
-                limit,
-                reached,
-            } => LogError::UncompressedTooLarge {
-                codec,
-                compressed_size: size,
-                limit,
-                reached,
-            },
-            e => invalid(e.to_string()),
-        })?;
+        batch.verify_crc().map_err(|e| invalid(e.to_string()))?;
+        // A client's records must carry real timestamps: the time index and retention.ms
+        // rely on them (Kafka's -1 "no timestamp" is refused too; the records API leaves
+        // timestamp_ms out to get the broker's clock).
+        let mut negative_timestamp = None;
+        batch
+            .for_each_record(uncompressed_limit, |r| {
+                if from_client && r.timestamp < 0 && negative_timestamp.is_none() {
+                    negative_timestamp = Some((r.offset - batch.header().base_offset, r.timestamp));
+                }
+                Ok(())
+            })
+            .map_err(|e| match e {
+                RecordError::DecompressedTooLarge {
+                    codec,
+                    limit,
+                    reached,
+                } => LogError::UncompressedTooLarge {
+                    codec,
+                    compressed_size: size,
+                    limit,
+                    reached,
+                },
+                e => invalid(e.to_string()),
+            })?;
         let h = batch.header();
         if from_client {
             if h.record_count == 0
@@ -103,8 +119,31 @@ pub fn validate_batches(
                     h.record_count, h.last_offset_delta
                 )));
             }
+            let refused = |reason: String| LogError::RefusedRecord {
+                reason: format!("batch {} at byte {position}: {reason}", metas.len()),
+            };
             if h.is_control() {
-                return Err(invalid("clients may not write control batches".into()));
+                return Err(refused(
+                    "the control attribute (bit 5) is set; clients may not write control batches"
+                        .into(),
+                ));
+            }
+            if h.is_transactional() {
+                return Err(refused(format!(
+                    "the transactional attribute (bit 4) is set (producer id {}); transactions are not supported yet",
+                    h.producer_id
+                )));
+            }
+            if let Some((index, timestamp)) = negative_timestamp {
+                return Err(refused(format!(
+                    "record {index} has timestamp {timestamp}; client timestamps must be >= 0 (ms since the epoch)"
+                )));
+            }
+            if h.max_timestamp < 0 {
+                return Err(refused(format!(
+                    "max_timestamp is {}; client timestamps must be >= 0 (ms since the epoch)",
+                    h.max_timestamp
+                )));
             }
         }
         metas.push(BatchMeta {

@@ -45,6 +45,7 @@ impl ReplicaError {
                 ErrorCode::RecordTooLarge
             }
             LogError::InvalidRecord { .. } | LogError::Corrupt { .. } => ErrorCode::CorruptMessage,
+            LogError::RefusedRecord { .. } => ErrorCode::InvalidRecord,
             LogError::NonContiguousAppend { .. } => ErrorCode::InvalidRequest,
             LogError::Config(_) => ErrorCode::InvalidConfig,
             LogError::Sequence(SequenceError::OutOfOrder { .. }) => {

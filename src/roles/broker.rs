@@ -11,6 +11,7 @@ use super::{announce_ready, bind, node_secret, shutdown_signal, RoleError};
 use crate::api::admin_service::ControllerAdminService;
 use crate::api::broker_admin_service::{AdminBackend, BrokerAdminService};
 use crate::api::broker_service::BrokerService;
+use crate::api::code_layer::CodeLayer;
 use crate::api::groups_service::GroupsService;
 use crate::api::port_guard::RefuseInternalLayer;
 use crate::api::proto::admin_server::AdminServer;
@@ -94,7 +95,8 @@ impl BrokerRuntime {
         })?;
         let id = BrokerId(config.broker_id);
         let metadata = Arc::new(MetadataCache::default());
-        let partitions = Arc::new(PartitionManager::new(&config.data_dir, id));
+        let partitions =
+            Arc::new(PartitionManager::new(&config.data_dir, id).map_err(RoleError::DataDir)?);
         let lease = Arc::new(LeaderLease::default());
         let producer_ids = Arc::new(ProducerIdBlocks::new(PRODUCER_ID_BLOCK_SIZE));
         let isr_changes = Arc::new(IsrChangeQueue::default());
@@ -321,6 +323,7 @@ pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Runs a broker until SIGTERM or Ctrl-C.
 pub async fn run(config: BrokerConfig) -> Result<(), RoleError> {
+    super::fd_limit::raise_and_log();
     config.validate()?;
     let internal_listen = config.internal_listen_address()?;
     let secret = node_secret(&config.cluster_secret_file, &internal_listen)?;
@@ -336,6 +339,7 @@ pub async fn run(config: BrokerConfig) -> Result<(), RoleError> {
     health.set_serving::<BrokerServer<BrokerService>>().await;
     let (reflection, reflection_alpha) = super::reflection(super::BROKER_SERVICES)?;
     let client = tonic::transport::Server::builder()
+        .layer(CodeLayer)
         .layer(RefuseInternalLayer)
         .add_service(broker)
         .add_service(admin)
@@ -354,6 +358,7 @@ pub async fn run(config: BrokerConfig) -> Result<(), RoleError> {
             server_cancel.clone().cancelled_owned(),
         );
     let internal = tonic::transport::Server::builder()
+        .layer(CodeLayer)
         .add_service(replication)
         .serve_with_incoming_shutdown(
             crate::net::serve_incoming(

@@ -6,7 +6,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::{announce_ready, bind, node_secret, shutdown_signal, RoleError};
-use crate::api::admin_service::ControllerAdminService;
+use crate::api::admin_service::{Callers, ControllerAdminService};
+use crate::api::code_layer::CodeLayer;
 use crate::api::controller_service::ControllerService;
 use crate::api::forward::PeerChannels;
 use crate::api::port_guard::RefuseInternalLayer;
@@ -89,10 +90,12 @@ pub async fn serve(
         .await;
     let (reflection, reflection_alpha) = super::reflection(super::CONTROLLER_SERVICES)?;
     let client = tonic::transport::Server::builder()
+        .layer(CodeLayer)
         .layer(RefuseInternalLayer)
         .add_service(AdminServer::new(ControllerAdminService::new(
             node.clone(),
             peers.clone(),
+            Callers::Clients,
         )))
         .add_service(health_service)
         .add_service(reflection)
@@ -108,6 +111,7 @@ pub async fn serve(
             cancel.clone().cancelled_owned(),
         );
     let internal = tonic::transport::Server::builder()
+        .layer(CodeLayer)
         .add_service(
             RaftServer::new(RaftService::new(node.clone()))
                 .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)
@@ -117,7 +121,11 @@ pub async fn serve(
             node.clone(),
             peers.clone(),
         )))
-        .add_service(AdminServer::new(ControllerAdminService::new(node, peers)))
+        .add_service(AdminServer::new(ControllerAdminService::new(
+            node,
+            peers,
+            Callers::Nodes,
+        )))
         .serve_with_incoming_shutdown(
             crate::net::serve_incoming(
                 listeners.internal,

@@ -13,6 +13,7 @@
 
 pub mod broker;
 pub mod controller;
+pub mod fd_limit;
 pub mod standalone;
 
 use std::net::SocketAddr;
@@ -88,6 +89,9 @@ pub enum RoleError {
         #[source]
         source: std::io::Error,
     },
+    /// The data directory is in use by another process, or cannot be locked.
+    #[error("data directory: {0}")]
+    DataDir(#[source] crate::partition::LogError),
     /// The broker could not register with the controllers or load metadata.
     #[error("{0}")]
     Register(String),

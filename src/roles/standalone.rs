@@ -13,8 +13,9 @@ use tokio_util::task::TaskTracker;
 
 use super::broker::{AdvertisedAddresses, BrokerRuntime};
 use super::{announce_ready, bind, node_secret, shutdown_signal, RoleError};
-use crate::api::admin_service::ControllerAdminService;
+use crate::api::admin_service::{Callers, ControllerAdminService};
 use crate::api::broker_service::BrokerService;
+use crate::api::code_layer::CodeLayer;
 use crate::api::controller_service::ControllerService;
 use crate::api::forward::PeerChannels;
 use crate::api::port_guard::RefuseInternalLayer;
@@ -34,6 +35,7 @@ pub async fn run(
     mut controller: ControllerConfig,
     mut broker: BrokerConfig,
 ) -> Result<(), RoleError> {
+    super::fd_limit::raise_and_log();
     let private = broker.internal_listen.is_empty();
     let (internal_bind, secret) = if private {
         ("127.0.0.1:0", Arc::new(ClusterSecret::random()))
@@ -58,13 +60,17 @@ pub async fn run(
     tasks.spawn(node.clone().run_housekeeping(cancel.clone()));
     tasks.spawn(node.clone().watch_core(cancel.clone()));
     let peers = Arc::new(PeerChannels::new(secret.clone()));
-    let (broker_service, admin_service, replication_service, groups_service) = runtime.services(
-        Some(ControllerAdminService::new(node.clone(), peers.clone())),
-    );
+    let (broker_service, admin_service, replication_service, groups_service) =
+        runtime.services(Some(ControllerAdminService::new(
+            node.clone(),
+            peers.clone(),
+            Callers::Clients,
+        )));
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<BrokerServer<BrokerService>>().await;
     let (reflection, reflection_alpha) = super::reflection(super::BROKER_SERVICES)?;
     let client = tonic::transport::Server::builder()
+        .layer(CodeLayer)
         .layer(RefuseInternalLayer)
         .add_service(broker_service)
         .add_service(admin_service)
@@ -83,6 +89,7 @@ pub async fn run(
             server_cancel.clone().cancelled_owned(),
         );
     let internal = tonic::transport::Server::builder()
+        .layer(CodeLayer)
         .add_service(RaftServer::new(RaftService::new(node.clone())))
         .add_service(ControllerServer::new(ControllerService::new(
             node.clone(),
@@ -91,6 +98,7 @@ pub async fn run(
         .add_service(AdminServer::new(ControllerAdminService::new(
             node.clone(),
             peers,
+            Callers::Nodes,
         )))
         .add_service(replication_service)
         .serve_with_incoming_shutdown(

@@ -5,6 +5,10 @@
 //! segment is sealed or closed. After a crash a file may still carry its preallocated
 //! zeros; the typed indexes on top detect that in their sanity checks and the segment
 //! rebuilds them from the log.
+//!
+//! No descriptor stays open: the file is opened to size and map it, then closed (a
+//! mapping outlives its descriptor), so an index costs a mapping, not a file handle.
+//! A partition with thousands of siblings keeps one descriptor (its active `.log`).
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -20,7 +24,6 @@ const ZERO_CHECK_BYTES: usize = 4096;
 #[derive(Debug)]
 pub struct IndexFile {
     path: PathBuf,
-    file: File,
     mmap: Option<MmapMut>,
     entry_size: usize,
     entries: usize,
@@ -51,7 +54,6 @@ impl IndexFile {
         let entries = len / entry_size;
         let mut index = Self {
             path: path.to_path_buf(),
-            file,
             mmap: None,
             entry_size,
             entries,
@@ -63,7 +65,7 @@ impl IndexFile {
         } else {
             entries
         };
-        index.remap(capacity)?;
+        index.remap_with(&file, capacity)?;
         Ok(index)
     }
 
@@ -114,11 +116,14 @@ impl IndexFile {
         }
         let from = end.saturating_sub(1) / ZERO_CHECK_BYTES * ZERO_CHECK_BYTES;
         let to = (from + ZERO_CHECK_BYTES).min(self.capacity * self.entry_size);
+        // Opened for the call only (indexes keep no descriptor): once per page, that is
+        // once per 512 offset-index entries.
+        let file = OpenOptions::new().write(true).open(&self.path)?;
         use std::os::fd::AsRawFd;
-        // SAFETY: posix_fallocate(3) on a file descriptor this struct owns.
+        // SAFETY: posix_fallocate(3) on a descriptor owned by `file`, alive for the call.
         let rc = unsafe {
             libc::posix_fallocate(
-                self.file.as_raw_fd(),
+                file.as_raw_fd(),
                 from as libc::off_t,
                 (to - from) as libc::off_t,
             )
@@ -171,19 +176,24 @@ impl IndexFile {
     }
 
     fn remap(&mut self, capacity: usize) -> io::Result<()> {
+        let file = OpenOptions::new().read(true).write(true).open(&self.path)?;
+        self.remap_with(&file, capacity)
+    }
+
+    fn remap_with(&mut self, file: &File, capacity: usize) -> io::Result<()> {
         if let Some(map) = self.mmap.take() {
             map.flush()?;
         }
         let len = capacity * self.entry_size;
-        if self.file.metadata()?.len() != len as u64 {
-            self.file.set_len(len as u64)?;
+        if file.metadata()?.len() != len as u64 {
+            file.set_len(len as u64)?;
         }
         self.capacity = capacity;
         self.allocated = self.allocated.min(len);
         if len > 0 {
             // SAFETY: the file is owned by this partition (directory lock) and only this
             // struct changes its length, so the mapping never outlives the bytes under it.
-            self.mmap = Some(unsafe { MmapOptions::new().len(len).map_mut(&self.file)? });
+            self.mmap = Some(unsafe { MmapOptions::new().len(len).map_mut(file)? });
         }
         Ok(())
     }
