@@ -37,6 +37,9 @@ pub fn code_for_uncoded(code: Code, message: &str) -> ErrorCode {
         }
         Code::InvalidArgument | Code::Unimplemented => ErrorCode::InvalidRequest,
         Code::DeadlineExceeded => ErrorCode::RequestTimedOut,
+        // A node this server forwarded to did not answer (e.g. a controller forwarding
+        // to a leader that just died): the client retries, as for its own connections.
+        Code::Unavailable => ErrorCode::NetworkException,
         _ => ErrorCode::UnknownServerError,
     }
 }
@@ -122,6 +125,11 @@ mod tests {
             (Code::Unimplemented, "", ErrorCode::InvalidRequest),
             (Code::Internal, "boom", ErrorCode::UnknownServerError),
             (Code::DeadlineExceeded, "late", ErrorCode::RequestTimedOut),
+            (
+                Code::Unavailable,
+                "Connection refused (os error 111)",
+                ErrorCode::NetworkException,
+            ),
         ];
         for (code, message, want) in cases {
             assert_eq!(code_for_uncoded(code, message), want, "{code:?} {message}");

@@ -160,6 +160,8 @@ pub(crate) enum FaultSite {
     TruncateSegment,
     /// Removing `.deleted` files.
     DeleteFiles,
+    /// An fsync of the segment files.
+    Fsync,
 }
 
 /// Most corrupt-read reports kept per partition.
@@ -819,9 +821,11 @@ impl PartitionLog {
             let dir_dirty = std::mem::take(&mut state.dir_dirty);
             (state.log_end_offset(), files, dir_dirty)
         };
-        let mut result = files
-            .iter()
-            .try_for_each(|(path, file)| file.sync_data().map_err(|e| LogError::io(path, e)));
+        let mut result = self.fault(FaultSite::Fsync).and_then(|()| {
+            files
+                .iter()
+                .try_for_each(|(path, file)| file.sync_data().map_err(|e| LogError::io(path, e)))
+        });
         if result.is_ok() && dir_dirty {
             result = checkpoint::sync_dir(&self.dir).map_err(|e| LogError::io(&self.dir, e));
         }

@@ -1420,3 +1420,63 @@ fn a_log_closed_while_still_held_refuses_writes_and_reopens_clean() {
     assert!(log.opened_after_clean_shutdown());
     assert_eq!(log.log_end_offset(), Offset(2));
 }
+
+// ---- storage faults at random points ----
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// A write fails at a random point (EIO or ENOSPC, after writing none, part or all
+    /// of its bytes) or an fsync fails. Nothing panics; a full disk leaves the partition
+    /// online, readable and writable again once space returns; any other fault takes it
+    /// offline. After a reopen (recovery), every acknowledged record is at its offset,
+    /// and at most the unacknowledged append follows.
+    #[test]
+    fn storage_faults_never_lose_acknowledged_records(
+        before in 0usize..40,
+        fault in 0u8..4,
+        written in 0usize..420,
+        after in 0usize..8,
+    ) {
+        use super::log::FaultSite;
+        let dir = tempfile::tempdir().unwrap();
+        let config = TopicConfig { flush_mode: FlushMode::Sync, ..small_config() };
+        let log = open(dir.path(), config.clone());
+        let append = |log: &PartitionLog, i: usize| {
+            log.append_as_leader(&mut batch(&format!("f{i}"), 2, 150, T0 + i as i64), LeaderEpoch(0))
+        };
+        for i in 0..before {
+            append(&log, i).unwrap();
+        }
+        let mut acked = read_all(&log, 0);
+        match fault {
+            0 => crate::segment::fail_next_append(written, libc::EIO),
+            1 => crate::segment::fail_next_append(written, libc::ENOSPC),
+            2 => crate::segment::fail_next_append(0, libc::ENOSPC),
+            _ => log.inject_fault(FaultSite::Fsync),
+        }
+        prop_assert!(append(&log, before).is_err(), "the fault surfaces");
+        let no_space = fault == 1 || fault == 2;
+        prop_assert_eq!(log.offline_reason().is_none(), no_space);
+        if no_space {
+            assert_records(&read_all(&log, 0), &acked, "reads go on on a full disk");
+            for j in 0..after {
+                append(&log, before + 1 + j).unwrap();
+            }
+            let now = read_all(&log, 0);
+            prop_assert_eq!(now.len(), acked.len() + 2 * after);
+            assert_records(&now[..acked.len()], &acked, "writes resume after the old end");
+            acked = now;
+        } else {
+            let refused = matches!(append(&log, 99), Err(LogError::Offline { .. }));
+            prop_assert!(refused, "an offline partition refuses writes");
+        }
+        drop(log);
+        let log = open(dir.path(), config);
+        let recovered = read_all(&log, 0);
+        prop_assert!(recovered.len() >= acked.len(), "{} < {}", recovered.len(), acked.len());
+        prop_assert!(recovered.len() <= acked.len() + 2, "only the failed append may follow");
+        assert_records(&recovered[..acked.len()], &acked, "acknowledged records survive");
+        append(&log, 1000).unwrap();
+    }
+}

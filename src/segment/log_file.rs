@@ -13,6 +13,18 @@ use std::sync::Arc;
 
 use super::index_file::remove_if_exists;
 
+#[cfg(test)]
+thread_local! {
+    static FAIL_NEXT_APPEND: std::cell::Cell<Option<(usize, i32)>> = const { std::cell::Cell::new(None) };
+}
+
+/// Tests only: the next append on this thread writes its first `written` bytes, then
+/// fails with `errno` (a short write, or none at all with 0).
+#[cfg(test)]
+pub(crate) fn fail_next_append(written: usize, errno: i32) {
+    FAIL_NEXT_APPEND.with(|f| f.set(Some((written, errno))));
+}
+
 /// One segment's record-batch file.
 #[derive(Debug)]
 pub struct LogFile {
@@ -56,6 +68,12 @@ impl LogFile {
     /// Appends `data` at the end; returns the position it was written at.
     pub fn append(&mut self, data: &[u8]) -> io::Result<u64> {
         let position = self.size;
+        #[cfg(test)]
+        if let Some((written, errno)) = FAIL_NEXT_APPEND.with(|f| f.take()) {
+            self.file
+                .write_all_at(&data[..written.min(data.len())], position)?;
+            return Err(io::Error::from_raw_os_error(errno));
+        }
         self.file.write_all_at(data, position)?;
         self.size += data.len() as u64;
         Ok(position)

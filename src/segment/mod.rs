@@ -7,6 +7,8 @@
 
 mod index_file;
 mod log_file;
+#[cfg(test)]
+pub(crate) use log_file::fail_next_append;
 mod log_segment;
 mod offset_index;
 mod scan;
