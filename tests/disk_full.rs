@@ -190,6 +190,15 @@ async fn a_full_disk_refuses_writes_serves_reads_and_recovers_without_a_restart(
         }
     }
 
+    // The controller's own Raft log shares this disk in standalone: a Raft write on a full
+    // disk stops the process (exit 70, for a supervisor to restart), as KRaft halts. Fill
+    // only once its start-up writes are done; the broker's writes are what this tests.
+    eventually("the controller settles", Duration::from_secs(30), || {
+        let settled = server.stderr().contains("now the active controller");
+        async move { settled.then_some(()) }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let filler = disk.fill();
     // Writes are refused with a retriable storage error (more than a segment's worth, so
     // rolls meet the full disk too); nothing half-written shows up.
@@ -198,7 +207,12 @@ async fn a_full_disk_refuses_writes_serves_reads_and_recovers_without_a_restart(
         match produce(&address, &value(written)).await {
             Ok(_) => written += 1,
             Err((code, message)) => {
-                assert_eq!(code, ErrorCode::KafkaStorageError, "{message}");
+                assert_eq!(
+                    code,
+                    ErrorCode::KafkaStorageError,
+                    "{message}; server log: {}",
+                    server.stderr_tail()
+                );
                 refused += 1;
             }
         }
