@@ -10,8 +10,9 @@
 //! included); past that new ones are closed at once and counted in a rate-limited
 //! warning.
 //!
-//! Idle established connections are closed by the gRPC server's HTTP/2 keepalive (see
-//! the roles), not here.
+//! Established connections whose peer stops answering HTTP/2 keepalive pings (dead,
+//! frozen or cut off) are closed by the gRPC server (`roles::server_builder`), not here;
+//! quiet but live client connections stay open, as gRPC channels expect.
 //!
 //! An internal listener (node-to-node RPCs) first runs the node handshake of
 //! [`node_auth`] on every connection, then the same checks.

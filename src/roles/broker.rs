@@ -338,7 +338,7 @@ pub async fn run(config: BrokerConfig) -> Result<(), RoleError> {
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<BrokerServer<BrokerService>>().await;
     let (reflection, reflection_alpha) = super::reflection(super::BROKER_SERVICES)?;
-    let client = tonic::transport::Server::builder()
+    let client = super::server_builder()
         .layer(CodeLayer)
         .layer(RefuseInternalLayer)
         .add_service(broker)
@@ -357,7 +357,7 @@ pub async fn run(config: BrokerConfig) -> Result<(), RoleError> {
             ),
             server_cancel.clone().cancelled_owned(),
         );
-    let internal = tonic::transport::Server::builder()
+    let internal = super::server_builder()
         .layer(CodeLayer)
         .add_service(replication)
         .serve_with_incoming_shutdown(

@@ -89,7 +89,7 @@ pub async fn serve(
         .set_serving::<AdminServer<ControllerAdminService>>()
         .await;
     let (reflection, reflection_alpha) = super::reflection(super::CONTROLLER_SERVICES)?;
-    let client = tonic::transport::Server::builder()
+    let client = super::server_builder()
         .layer(CodeLayer)
         .layer(RefuseInternalLayer)
         .add_service(AdminServer::new(ControllerAdminService::new(
@@ -110,7 +110,7 @@ pub async fn serve(
             ),
             cancel.clone().cancelled_owned(),
         );
-    let internal = tonic::transport::Server::builder()
+    let internal = super::server_builder()
         .layer(CodeLayer)
         .add_service(
             RaftServer::new(RaftService::new(node.clone()))

@@ -117,6 +117,19 @@ pub async fn bind(address: &str) -> Result<(tokio::net::TcpListener, SocketAddr)
     Ok((listener, local))
 }
 
+/// How often a server pings a connection that has been quiet (HTTP/2 keepalive).
+pub const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long a ping may go unanswered before the connection is closed: a peer that died,
+/// froze or was cut off does not hold a connection (and its slot) forever.
+pub const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// A gRPC server builder with the settings every listener shares.
+pub fn server_builder() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+}
+
 /// Installs the SIGTERM handler now (so a signal right after the ready line is caught) and
 /// returns a future that resolves on SIGTERM or SIGINT.
 pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {

@@ -69,7 +69,7 @@ pub async fn run(
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<BrokerServer<BrokerService>>().await;
     let (reflection, reflection_alpha) = super::reflection(super::BROKER_SERVICES)?;
-    let client = tonic::transport::Server::builder()
+    let client = super::server_builder()
         .layer(CodeLayer)
         .layer(RefuseInternalLayer)
         .add_service(broker_service)
@@ -88,7 +88,7 @@ pub async fn run(
             ),
             server_cancel.clone().cancelled_owned(),
         );
-    let internal = tonic::transport::Server::builder()
+    let internal = super::server_builder()
         .layer(CodeLayer)
         .add_service(RaftServer::new(RaftService::new(node.clone())))
         .add_service(ControllerServer::new(ControllerService::new(
