@@ -9,12 +9,11 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{free_ports, Proc, FAST_RAFT};
+use common::{fetch_partition0, free_ports, Proc, FAST_RAFT};
 use tidelog::api::proto::broker_client::BrokerClient;
 use tidelog::api::proto::raft_client::RaftClient;
 use tidelog::api::proto::{
-    FetchPartition, FetchRequest, FetchTopic, PartitionProduceData, ProduceRequest, RaftPayload,
-    Record, TopicProduceData,
+    PartitionProduceData, ProduceRequest, RaftPayload, Record, TopicProduceData,
 };
 use tidelog::api::status::{code_of, from_wire};
 use tidelog::client::AdminClient;
@@ -219,36 +218,11 @@ async fn hostile_clients_neither_break_the_server_nor_lose_records() {
     // The server is up, small, and every acknowledged record is where it was.
     let rss = rss_kib(server.pid());
     assert!(rss < 1 << 20, "resident memory {rss} KiB after the attacks");
-    let mut fetcher = client(&address).await;
     let mut seen = Vec::new();
     while seen.len() < acked.len() {
-        let r = fetcher
-            .fetch(FetchRequest {
-                max_wait_ms: 0,
-                topics: vec![FetchTopic {
-                    topic: "target".into(),
-                    partitions: vec![FetchPartition {
-                        partition: 0,
-                        fetch_offset: seen.len() as i64,
-                        partition_max_bytes: 0,
-                    }],
-                }],
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        let p = &r.topics[0].partitions[0];
-        assert_eq!(p.error_code, 0, "{}", p.error_message);
-        assert!(
-            !p.records.is_empty(),
-            "records missing after {}",
-            seen.len()
-        );
-        for record in &p.records {
-            let value = String::from_utf8_lossy(record.value.as_deref().unwrap_or_default());
-            seen.push((record.offset, value.into_owned()));
-        }
+        let (records, _) = fetch_partition0(&address, "target", seen.len() as i64, 0, 0).await;
+        assert!(!records.is_empty(), "records missing after {}", seen.len());
+        seen.extend(records);
     }
     assert_eq!(&seen[..acked.len()], &acked[..]);
     let log = server.stderr();

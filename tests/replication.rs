@@ -11,15 +11,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{eventually, internal_of, node_secret, BrokerCluster};
+use common::{eventually, fetch_partition0, internal_of, node_secret, BrokerCluster};
 use parking_lot::Mutex;
 use tidelog::api::proto::broker_client::BrokerClient;
 use tidelog::api::proto::replication_client::ReplicationClient;
 use tidelog::api::proto::{
-    AlterTopicRequest, FetchPartition, FetchRequest, FetchTopic, ListOffsetsPartition,
-    ListOffsetsRequest, ListOffsetsTopic, PartitionProduceData, PartitionReassignment,
-    PartitionState, ProduceRequest, Record, ReplicaFetchPartition, ReplicaFetchRequest,
-    TopicProduceData, TopicState,
+    AlterTopicRequest, ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic,
+    PartitionProduceData, PartitionReassignment, PartitionState, ProduceRequest, Record,
+    ReplicaFetchPartition, ReplicaFetchRequest, TopicProduceData, TopicState,
 };
 use tidelog::api::status::from_wire;
 use tidelog::client::AdminClient;
@@ -765,8 +764,7 @@ async fn a_leader_cut_off_from_the_controllers_acknowledges_nothing_it_loses() {
     );
 }
 
-/// One fetch of partition 0 of `topic` at `offset`; returns the records' values and how
-/// long the leader held the request.
+/// One fetch of partition 0 of `topic` at `offset`: the values and how long it was held.
 async fn fetch_once(
     address: &str,
     topic: &str,
@@ -774,35 +772,8 @@ async fn fetch_once(
     max_wait_ms: u32,
     min_bytes: u32,
 ) -> (Vec<String>, Duration) {
-    let mut client = BrokerClient::connect(format!("http://{address}"))
-        .await
-        .unwrap();
-    let started = std::time::Instant::now();
-    let r = client
-        .fetch(FetchRequest {
-            max_wait_ms,
-            min_bytes,
-            topics: vec![FetchTopic {
-                topic: topic.to_owned(),
-                partitions: vec![FetchPartition {
-                    partition: 0,
-                    fetch_offset: offset,
-                    partition_max_bytes: 0,
-                }],
-            }],
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let p = &r.topics[0].partitions[0];
-    assert_eq!(p.error_code, 0, "{}", p.error_message);
-    let values = p
-        .records
-        .iter()
-        .map(|r| String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned())
-        .collect();
-    (values, started.elapsed())
+    let (records, held) = fetch_partition0(address, topic, offset, max_wait_ms, min_bytes).await;
+    (records.into_iter().map(|(_, v)| v).collect(), held)
 }
 
 /// A consumer waiting at the high watermark is answered as soon as the high watermark

@@ -709,3 +709,48 @@ pub fn run_to_exit(
     let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
     (ok, exited, stderr, started.elapsed())
 }
+
+/// One fetch of `topic`-0 at `offset` from the broker at `address`; asserts it succeeded
+/// and returns the records as (offset, value) with how long the broker held the request.
+pub async fn fetch_partition0(
+    address: &str,
+    topic: &str,
+    offset: i64,
+    max_wait_ms: u32,
+    min_bytes: u32,
+) -> (Vec<(i64, String)>, Duration) {
+    use tidelog::api::proto::broker_client::BrokerClient;
+    use tidelog::api::proto::{FetchPartition, FetchRequest, FetchTopic};
+    let mut client = BrokerClient::connect(format!("http://{address}"))
+        .await
+        .expect("connect");
+    let started = Instant::now();
+    let r = client
+        .fetch(FetchRequest {
+            max_wait_ms,
+            min_bytes,
+            topics: vec![FetchTopic {
+                topic: topic.to_owned(),
+                partitions: vec![FetchPartition {
+                    partition: 0,
+                    fetch_offset: offset,
+                    partition_max_bytes: 0,
+                }],
+            }],
+            ..Default::default()
+        })
+        .await
+        .expect("fetch")
+        .into_inner();
+    let p = &r.topics[0].partitions[0];
+    assert_eq!(p.error_code, 0, "fetch of {topic}-0: {}", p.error_message);
+    let records = p
+        .records
+        .iter()
+        .map(|r| {
+            let value = String::from_utf8_lossy(r.value.as_deref().unwrap_or_default());
+            (r.offset, value.into_owned())
+        })
+        .collect();
+    (records, started.elapsed())
+}
