@@ -139,6 +139,9 @@ pub struct PartitionLog {
     generation: AtomicU64,
     /// When a full disk was last logged (ms), so repeats stay quiet.
     no_space_logged_ms: AtomicI64,
+    /// The offsets the checkpoint file holds (after this process wrote it), so a periodic
+    /// checkpoint of an unchanged partition writes nothing.
+    written_checkpoint: parking_lot::Mutex<Option<OffsetsCheckpoint>>,
     /// Whether the last shutdown was clean (recovery was skipped).
     opened_clean: bool,
     /// Corrupt batches reads met while open (bounded; see [`PartitionLog::damage_seen`]).
@@ -293,6 +296,7 @@ impl PartitionLog {
             group_commit: GroupCommit::new(log_end),
             generation: AtomicU64::new(0),
             no_space_logged_ms: AtomicI64::new(i64::MIN / 2),
+            written_checkpoint: parking_lot::Mutex::new(None),
             opened_clean: loaded.was_clean,
             read_damage: parking_lot::Mutex::new(Vec::new()),
             #[cfg(test)]
@@ -1237,18 +1241,32 @@ impl PartitionLog {
         Ok(())
     }
 
-    fn write_checkpoint_locked(&self, state: &LogState) -> Result<(), LogError> {
-        let offsets = OffsetsCheckpoint {
+    fn offsets_locked(&self, state: &LogState) -> OffsetsCheckpoint {
+        OffsetsCheckpoint {
             recovery_point: self.group_commit.durable().min(state.log_end_offset()),
             high_watermark: state.high_watermark,
             log_start_offset: state.log_start_offset,
-        };
-        loader::write_offsets(&self.dir, &offsets).map_err(|e| LogError::io(&self.dir, e))
+        }
+    }
+
+    fn write_checkpoint_locked(&self, state: &LogState) -> Result<(), LogError> {
+        let offsets = self.offsets_locked(state);
+        loader::write_offsets(&self.dir, &offsets).map_err(|e| LogError::io(&self.dir, e))?;
+        *self.written_checkpoint.lock() = Some(offsets);
+        Ok(())
     }
 
     /// Persists the recovery point, high watermark and log start, and the producer state
-    /// (call periodically).
+    /// (call periodically). Writes nothing, and takes no write lock, when none of them
+    /// changed since the last checkpoint (most partitions of a busy broker are idle).
     pub fn checkpoint(&self) -> Result<(), LogError> {
+        {
+            let state = self.state.read();
+            let unchanged = *self.written_checkpoint.lock() == Some(self.offsets_locked(&state));
+            if unchanged && !state.producers_dirty {
+                return Ok(());
+            }
+        }
         let mut state = self.state.write();
         self.write_checkpoint_locked(&state)?;
         self.save_producers_locked(&mut state, false)

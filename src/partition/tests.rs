@@ -1480,3 +1480,26 @@ proptest! {
         append(&log, 1000).unwrap();
     }
 }
+
+#[test]
+fn a_checkpoint_of_an_unchanged_partition_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path(), small_config());
+    log.append_as_leader(&mut batch("c", 2, 100, T0), LeaderEpoch(1))
+        .unwrap();
+    log.flush().unwrap();
+    log.checkpoint().unwrap();
+    let file = dir.path().join(super::loader::OFFSETS_CHECKPOINT);
+    assert!(file.exists());
+    // Gone behind the log's back: an unchanged partition does not write it again...
+    std::fs::remove_file(&file).unwrap();
+    log.checkpoint().unwrap();
+    assert!(
+        !file.exists(),
+        "an idle partition's checkpoint wrote the file"
+    );
+    // ...a changed one does.
+    log.set_high_watermark(Offset(2));
+    log.checkpoint().unwrap();
+    assert!(file.exists());
+}
