@@ -694,6 +694,7 @@ async fn a_leader_cut_off_from_the_controllers_acknowledges_nothing_it_loses() {
     })
     .await;
     let elected_at = std::time::Instant::now();
+    leader_ready(&c, TOPIC, 0, new).await;
     // The new leader takes writes too.
     for i in 0..5 {
         produce_once(&c.broker_address(new), TOPIC, 0, &format!("n{i}"), -1)
