@@ -213,38 +213,24 @@ async fn a_broker_pointed_at_a_client_port_says_why_it_cannot_register() {
 fn a_node_reachable_from_other_hosts_needs_a_secret() {
     let dir = tempfile::tempdir().unwrap();
     let port = common::free_ports(1)[0];
-    let out = std::process::Command::new(common::binary())
-        .args([
-            "controller",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--internal-listen",
-            // Never bound: the check comes first.
-            "10.255.255.1:9393",
-            "--data-dir",
-            &dir.path().display().to_string(),
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let data = dir.path().display().to_string();
+    let listen = format!("127.0.0.1:{port}");
+    // A controller that must refuse to start; returns its stderr.
+    let refused = |extra: &[&str]| {
+        let out = std::process::Command::new(common::binary())
+            .args(["controller", "--listen", &listen, "--data-dir", &data])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{extra:?} must be refused");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    // Never bound: the check comes first.
+    let err = refused(&["--internal-listen", "10.255.255.1:9393"]);
     assert!(err.contains("cluster_secret_file must be set"), "{err}");
     // A secret that is too short is refused too.
     let short = dir.path().join("short.secret");
     std::fs::write(&short, "short").unwrap();
-    let out = std::process::Command::new(common::binary())
-        .args([
-            "controller",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--cluster-secret-file",
-            &short.display().to_string(),
-            "--data-dir",
-            &dir.path().display().to_string(),
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused(&["--cluster-secret-file", &short.display().to_string()]);
     assert!(err.contains("at least 16 are needed"), "{err}");
 }
