@@ -20,6 +20,9 @@ use crate::replication::isr_queue::IsrChangeQueue;
 use crate::replication::PartitionAssignment;
 use crate::types::{BrokerId, BrokerIds, LeaderEpoch};
 
+/// How often sealed segments not read since the previous sweep release their descriptor.
+pub const IDLE_FILE_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
+
 /// Replication settings of a broker.
 #[derive(Debug, Clone)]
 pub struct ReplicationSettings {
@@ -326,12 +329,14 @@ impl ReplicaManager {
     }
 
     /// Periodic work until `cancel`: the ISR lag check (every quarter of the lag time),
-    /// time-based flushes and checkpoints (every second), retention.
+    /// time-based flushes and checkpoints (every second), retention, and releasing the
+    /// descriptors of sealed segments nobody read for a sweep interval.
     pub async fn run_maintenance(self: Arc<Self>, cancel: CancellationToken) {
         let lag = self.settings.replica_lag_time_max;
         let tick = (lag / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
         let mut last_housekeeping = Instant::now();
         let mut last_retention = Instant::now();
+        let mut last_idle_sweep = Instant::now();
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -349,6 +354,10 @@ impl ReplicaManager {
                 if retention {
                     last_retention = Instant::now();
                 }
+                let idle_sweep = last_idle_sweep.elapsed() >= IDLE_FILE_SWEEP_INTERVAL;
+                if idle_sweep {
+                    last_idle_sweep = Instant::now();
+                }
                 let partitions = self.partitions.clone();
                 let _ = tokio::task::spawn_blocking(move || {
                     for lp in partitions.all() {
@@ -361,6 +370,9 @@ impl ReplicaManager {
                                 tracing::warn!(partition = %lp.name(), error = %e, "checkpoint failed")
                             }
                             Ok(()) => {}
+                        }
+                        if idle_sweep {
+                            lp.log.close_idle_files();
                         }
                         if retention {
                             if let Err(e) = lp.log.apply_retention() {

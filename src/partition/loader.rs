@@ -27,6 +27,9 @@
 //! 6. Segments must be contiguous, except across gaps `repair` recorded in
 //!    `offset-gaps`; a missing range or an overlap is reported as damage (rule 5),
 //!    never "fixed" by deleting segments.
+//! 7. Sealed segments release their `.log` descriptor once loaded; a read reopens it and
+//!    [`crate::partition::PartitionLog::close_idle_files`] releases it again when idle,
+//!    so a partition's descriptors do not grow with its segment count.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
@@ -344,6 +347,8 @@ pub fn load(dir: &Path, config: &TopicConfig, lock: &DirLock) -> Result<Loaded, 
             if !active {
                 // Rebuilt indexes are at full capacity; sealed segments keep them trimmed.
                 segment.seal()?;
+                // Sealed segments hold no descriptor until read (rule 7).
+                segment.release_file();
             }
             expected_next = Some(segment.next_offset());
             segments.insert(base, segment);
@@ -400,8 +405,12 @@ pub fn load(dir: &Path, config: &TopicConfig, lock: &DirLock) -> Result<Loaded, 
     epochs.truncate_from_start(Offset(log_start_offset));
     if !clean {
         // Everything kept was validated; make it durable so the recovery point is true.
-        for segment in segments.values() {
+        let sealed = segments.len() - 1;
+        for (i, segment) in segments.values().enumerate() {
             segment.flush_all()?;
+            if i < sealed {
+                segment.release_file();
+            }
         }
         checkpoint::sync_dir(dir).map_err(io_err(dir))?;
     }

@@ -128,20 +128,72 @@ impl LogState {
     }
 }
 
+/// The offsets most callers want, readable without the lock: every write guard
+/// ([`StateGuard`]) republishes them when it is dropped, so they never lag a finished
+/// mutation. Each value is current on its own; a caller needing several that agree reads
+/// them under the lock.
+#[derive(Debug, Default)]
+struct PublishedOffsets {
+    log_start: AtomicU64,
+    log_end: AtomicU64,
+    high_watermark: AtomicU64,
+}
+
+impl PublishedOffsets {
+    fn publish(&self, state: &LogState) {
+        self.log_start
+            .store(state.log_start_offset, Ordering::Release);
+        self.log_end
+            .store(state.log_end_offset(), Ordering::Release);
+        self.high_watermark
+            .store(state.high_watermark, Ordering::Release);
+    }
+}
+
+/// The log's write lock; publishes the offsets on drop.
+struct StateGuard<'a> {
+    state: parking_lot::RwLockWriteGuard<'a, LogState>,
+    published: &'a PublishedOffsets,
+}
+
+impl std::ops::Deref for StateGuard<'_> {
+    type Target = LogState;
+    fn deref(&self) -> &LogState {
+        &self.state
+    }
+}
+
+impl std::ops::DerefMut for StateGuard<'_> {
+    fn deref_mut(&mut self) -> &mut LogState {
+        &mut self.state
+    }
+}
+
+impl Drop for StateGuard<'_> {
+    fn drop(&mut self) {
+        self.published.publish(&self.state);
+    }
+}
+
 /// The log of one partition, shared between threads.
 pub struct PartitionLog {
     dir: PathBuf,
     name: String,
     clock: Arc<dyn Clock>,
     state: RwLock<LogState>,
+    /// Offsets published by every write (lock-free reads).
+    published: PublishedOffsets,
     group_commit: GroupCommit,
     /// Bumped by every truncation; a read that saw it move retries.
     generation: AtomicU64,
     /// When a full disk was last logged (ms), so repeats stay quiet.
     no_space_logged_ms: AtomicI64,
     /// The offsets the checkpoint file holds (after this process wrote it), so a periodic
-    /// checkpoint of an unchanged partition writes nothing.
+    /// checkpoint of an unchanged partition writes nothing. Held while the file is
+    /// written, so writers never interleave (lock order: the state lock first).
     written_checkpoint: parking_lot::Mutex<Option<OffsetsCheckpoint>>,
+    /// Held while the producer-state snapshot is written (lock order: state first).
+    snapshot_io: parking_lot::Mutex<()>,
     /// Whether the last shutdown was clean (recovery was skipped).
     opened_clean: bool,
     /// Corrupt batches reads met while open (bounded; see [`PartitionLog::damage_seen`]).
@@ -252,7 +304,7 @@ impl PartitionLog {
         if !table.is_empty() {
             tracing::debug!(partition = %self.name, producers = table.len(), "producer state rebuilt");
         }
-        let mut state = self.state.write();
+        let mut state = self.write_state();
         state.producers = table;
         state.producers_dirty = false;
         Ok(())
@@ -275,9 +327,10 @@ impl PartitionLog {
             .expect("at least one segment")
             .1
             .next_offset();
-        Ok(Self {
+        let log = Self {
             dir: dir.to_path_buf(),
             name,
+            published: PublishedOffsets::default(),
             state: RwLock::new(LogState {
                 segments: loaded.segments,
                 config,
@@ -297,12 +350,23 @@ impl PartitionLog {
             generation: AtomicU64::new(0),
             no_space_logged_ms: AtomicI64::new(i64::MIN / 2),
             written_checkpoint: parking_lot::Mutex::new(None),
+            snapshot_io: parking_lot::Mutex::new(()),
             opened_clean: loaded.was_clean,
             read_damage: parking_lot::Mutex::new(Vec::new()),
             #[cfg(test)]
             fault: parking_lot::Mutex::new(None),
             _lock: loaded.lock,
-        })
+        };
+        log.published.publish(&log.state.read());
+        Ok(log)
+    }
+
+    /// The write lock; the offsets are republished when it is released.
+    fn write_state(&self) -> StateGuard<'_> {
+        StateGuard {
+            state: self.state.write(),
+            published: &self.published,
+        }
     }
 
     /// True when the previous shutdown was clean and recovery was skipped.
@@ -315,19 +379,19 @@ impl PartitionLog {
         &self.dir
     }
 
-    /// First offset in the log.
+    /// First offset in the log (lock-free).
     pub fn log_start_offset(&self) -> Offset {
-        Offset(self.state.read().log_start_offset)
+        Offset(self.published.log_start.load(Ordering::Acquire))
     }
 
-    /// Offset the next appended record gets.
+    /// Offset the next appended record gets (lock-free).
     pub fn log_end_offset(&self) -> Offset {
-        Offset(self.state.read().log_end_offset())
+        Offset(self.published.log_end.load(Ordering::Acquire))
     }
 
-    /// Offset below which consumers may read.
+    /// Offset below which consumers may read (lock-free).
     pub fn high_watermark(&self) -> Offset {
-        Offset(self.state.read().high_watermark)
+        Offset(self.published.high_watermark.load(Ordering::Acquire))
     }
 
     /// Every offset below this is on disk.
@@ -338,7 +402,7 @@ impl PartitionLog {
     /// Sets the high watermark, clamped into `[log_start_offset, log_end_offset]`;
     /// returns the value set. The replication layer decides the value.
     pub fn set_high_watermark(&self, offset: Offset) -> Offset {
-        let mut state = self.state.write();
+        let mut state = self.write_state();
         let hw = offset
             .0
             .clamp(state.log_start_offset, state.log_end_offset());
@@ -353,7 +417,7 @@ impl PartitionLog {
 
     /// Applies a changed topic config (takes effect on the next append, roll or pass).
     pub fn update_config(&self, config: TopicConfig) {
-        self.state.write().config = config;
+        self.write_state().config = config;
     }
 
     /// Number of segments.
@@ -400,7 +464,7 @@ impl PartitionLog {
     /// takes over, so a follower asking where the previous epoch ended gets the answer
     /// even before the new leader has written anything.
     pub fn assign_leader_epoch(&self, epoch: LeaderEpoch) -> Result<(), LogError> {
-        let mut state = self.state.write();
+        let mut state = self.write_state();
         self.check_online(&state)?;
         let end = Offset(state.log_end_offset());
         if state.epochs.assign(epoch, end) {
@@ -532,7 +596,7 @@ impl PartitionLog {
         let max_message_bytes = self.state.read().config.max_message_bytes;
         // CPU-heavy checks (CRC, decompression) before taking the write lock.
         let metas = validate_batches(batches, max_message_bytes, true)?;
-        let mut state = self.state.write();
+        let mut state = self.write_state();
         self.check_online(&state)?;
         if let Some(duplicate) = Self::check_sequences(&state, &metas)? {
             return Ok(duplicate);
@@ -565,7 +629,7 @@ impl PartitionLog {
         // A leader may hold batches above this follower's limit (config changed later):
         // copy them anyway rather than stall replication.
         let metas = validate_batches(batches, max_message_bytes.max(1 << 30), false)?;
-        let mut state = self.state.write();
+        let mut state = self.write_state();
         self.check_online(&state)?;
         let first = state.log_end_offset();
         let mut next = first;
@@ -705,11 +769,7 @@ impl PartitionLog {
     }
 
     /// Applies the flush policy after an append; releases the lock before any fsync.
-    fn after_append(
-        &self,
-        state: parking_lot::RwLockWriteGuard<'_, LogState>,
-        next: u64,
-    ) -> Result<(), LogError> {
+    fn after_append(&self, state: StateGuard<'_>, next: u64) -> Result<(), LogError> {
         let sync = state.config.flush_mode == FlushMode::Sync
             || state.unflushed_messages >= state.config.flush_messages;
         drop(state);
@@ -784,7 +844,7 @@ impl PartitionLog {
     /// Seals the active segment and starts a new one at the log end (no-op when the
     /// active segment is empty).
     pub fn roll(&self) -> Result<(), LogError> {
-        let mut state = self.state.write();
+        let mut state = self.write_state();
         self.check_online(&state)?;
         self.roll_locked(&mut state)
     }
@@ -806,7 +866,7 @@ impl PartitionLog {
         let generation = self.generation.load(Ordering::Acquire);
         let durable = self.group_commit.durable();
         let (end, files, dir_dirty) = {
-            let mut state = self.state.write();
+            let mut state = self.write_state();
             if let Some(reason) = &state.offline {
                 return Err(reason.clone());
             }
@@ -815,10 +875,10 @@ impl PartitionLog {
                 .range(..=durable)
                 .next_back()
                 .map_or(0, |(&b, _)| b);
-            let files: Vec<(PathBuf, Arc<File>)> = state
+            let files: Result<Vec<(PathBuf, Arc<File>)>, LogError> = state
                 .segments
                 .range(first_dirty..)
-                .map(|(_, s)| (s.log_path().to_path_buf(), s.log_handle()))
+                .map(|(_, s)| Ok((s.log_path().to_path_buf(), s.log_handle()?)))
                 .collect();
             state.unflushed_messages = 0;
             state.last_flush_ms = self.clock.now_ms();
@@ -826,7 +886,7 @@ impl PartitionLog {
             (state.log_end_offset(), files, dir_dirty)
         };
         let mut result = self.fault(FaultSite::Fsync).and_then(|()| {
-            files
+            files?
                 .iter()
                 .try_for_each(|(path, file)| file.sync_data().map_err(|e| LogError::io(path, e)))
         });
@@ -834,7 +894,7 @@ impl PartitionLog {
             result = checkpoint::sync_dir(&self.dir).map_err(|e| LogError::io(&self.dir, e));
         }
         if let Err(error) = result {
-            let mut state = self.state.write();
+            let mut state = self.write_state();
             self.go_offline(&mut state, &error);
             return Err(error.to_string());
         }
@@ -936,7 +996,7 @@ impl PartitionLog {
                 }
             };
             (
-                segment.log_handle(),
+                segment.log_handle()?,
                 segment.log_path().to_path_buf(),
                 location.position,
                 location.header.total_size(),
@@ -1020,7 +1080,7 @@ impl PartitionLog {
     /// the high watermark, and moves the log start offset. Rolls first when the active
     /// segment itself has expired.
     pub fn apply_retention(&self) -> Result<RetentionOutcome, LogError> {
-        let mut state = self.state.write();
+        let mut state = self.write_state();
         self.check_online(&state)?;
         let summaries: Vec<SegmentSummary> = state
             .segments
@@ -1075,7 +1135,7 @@ impl PartitionLog {
     /// it are gone for readers, and segments wholly below it are deleted (Kafka's
     /// DeleteRecords). Returns the log start afterwards.
     pub fn advance_log_start(&self, offset: Offset) -> Result<Offset, LogError> {
-        let mut state = self.state.write();
+        let mut state = self.write_state();
         self.check_online(&state)?;
         let target = offset.0.min(state.high_watermark);
         if target <= state.log_start_offset {
@@ -1109,7 +1169,7 @@ impl PartitionLog {
     /// holds it) so the log ends at or below `offset`. A target below the log start
     /// empties the log and restarts it there.
     pub fn truncate_to(&self, offset: Offset) -> Result<(), LogError> {
-        let mut state = self.state.write();
+        let mut state = self.write_state();
         self.check_online(&state)?;
         if offset.0 >= state.log_end_offset() {
             return Ok(());
@@ -1141,7 +1201,10 @@ impl PartitionLog {
         let end = state.log_end_offset();
         state.high_watermark = state.high_watermark.min(end);
         state.producers.truncate_to(end);
-        state.producers_dirty = true;
+        // The snapshot on disk may cover the removed records: replace it now, or a crash
+        // after the log grows past it again would restore their producers.
+        let r = self.save_producers_locked(&mut state);
+        self.step(&mut state, r)?;
         if state.epochs.truncate_from_end(Offset(end)) {
             self.persist_epochs_locked(&mut state)?;
         }
@@ -1189,7 +1252,7 @@ impl PartitionLog {
                 .fault(FaultSite::DeleteFiles)
                 .and_then(|()| segment.delete().map_err(LogError::from));
             if let Err(error) = r {
-                self.go_offline(&mut self.state.write(), &error);
+                self.go_offline(&mut self.write_state(), &error);
                 return Err(error);
             }
         }
@@ -1204,7 +1267,7 @@ impl PartitionLog {
     /// persist epochs and offsets, and only then remove the old files. Any failure takes
     /// the partition offline; until the swap the old segments stay in the map.
     pub fn truncate_fully_and_start_at(&self, offset: Offset) -> Result<(), LogError> {
-        let mut state = self.state.write();
+        let mut state = self.write_state();
         self.check_online(&state)?;
         self.generation.fetch_add(1, Ordering::AcqRel);
         let bases: Vec<u64> = state.segments.keys().copied().collect();
@@ -1228,7 +1291,8 @@ impl PartitionLog {
         state.active_created_ms = self.clock.now_ms();
         state.epochs.clear();
         state.producers.clear();
-        state.producers_dirty = true;
+        let r = self.save_producers_locked(&mut state);
+        self.step(&mut state, r)?;
         self.group_commit.reset(offset.0);
         self.persist_epochs_locked(&mut state)?;
         let r = self.write_checkpoint_locked(&state);
@@ -1241,42 +1305,92 @@ impl PartitionLog {
         Ok(())
     }
 
-    fn offsets_locked(&self, state: &LogState) -> OffsetsCheckpoint {
+    /// The offsets a checkpoint records, from the published values.
+    fn published_checkpoint(&self) -> OffsetsCheckpoint {
+        let log_end = self.log_end_offset().0;
         OffsetsCheckpoint {
-            recovery_point: self.group_commit.durable().min(state.log_end_offset()),
-            high_watermark: state.high_watermark,
-            log_start_offset: state.log_start_offset,
+            recovery_point: self.group_commit.durable().min(log_end),
+            high_watermark: self.high_watermark().0,
+            log_start_offset: self.log_start_offset().0,
         }
     }
 
-    fn write_checkpoint_locked(&self, state: &LogState) -> Result<(), LogError> {
-        let offsets = self.offsets_locked(state);
+    /// Writes the offsets checkpoint unless the file already holds these offsets. The
+    /// values are read while the file lock is held, so the last writer always writes the
+    /// latest offsets. Mutations call it under the state lock after publishing.
+    fn write_checkpoint(&self, force: bool) -> Result<(), LogError> {
+        let mut written = self.written_checkpoint.lock();
+        let offsets = self.published_checkpoint();
+        if !force && *written == Some(offsets) {
+            return Ok(());
+        }
         loader::write_offsets(&self.dir, &offsets).map_err(|e| LogError::io(&self.dir, e))?;
-        *self.written_checkpoint.lock() = Some(offsets);
+        *written = Some(offsets);
         Ok(())
     }
 
-    /// Persists the recovery point, high watermark and log start, and the producer state
-    /// (call periodically). Writes nothing, and takes no write lock, when none of them
-    /// changed since the last checkpoint (most partitions of a busy broker are idle).
-    pub fn checkpoint(&self) -> Result<(), LogError> {
-        {
-            let state = self.state.read();
-            let unchanged = *self.written_checkpoint.lock() == Some(self.offsets_locked(&state));
-            if unchanged && !state.producers_dirty {
-                return Ok(());
-            }
-        }
-        let mut state = self.state.write();
-        self.write_checkpoint_locked(&state)?;
-        self.save_producers_locked(&mut state, false)
+    /// [`PartitionLog::write_checkpoint`] from a mutation holding the write lock: its
+    /// changes are published first.
+    fn write_checkpoint_locked(&self, state: &LogState) -> Result<(), LogError> {
+        self.published.publish(state);
+        self.write_checkpoint(true)
     }
 
-    /// Writes the producer-state snapshot when it changed (or always, with `force`).
-    fn save_producers_locked(&self, state: &mut LogState, force: bool) -> Result<(), LogError> {
-        if !state.producers_dirty && !force {
+    /// Releases the `.log` descriptors of sealed, flushed segments not read since the
+    /// previous call (call periodically); returns how many were released. Reads reopen
+    /// them, so descriptors follow the segments in use, not the segment count.
+    pub fn close_idle_files(&self) -> usize {
+        let durable = self.group_commit.durable();
+        let state = self.state.read();
+        let sealed = state.segments.len().saturating_sub(1);
+        state
+            .segments
+            .values()
+            .take(sealed)
+            .filter(|s| s.next_offset() <= durable && s.close_if_idle())
+            .count()
+    }
+
+    /// Number of segments holding an open descriptor.
+    pub fn open_files(&self) -> usize {
+        let state = self.state.read();
+        state.segments.values().filter(|s| s.is_open()).count()
+    }
+
+    /// Persists the recovery point, high watermark and log start, and the producer state
+    /// (call periodically). Only what changed since the last checkpoint is written, and
+    /// files are written outside the partition's lock: the offsets come from the published
+    /// values, the producer table is copied under a short write lock.
+    pub fn checkpoint(&self) -> Result<(), LogError> {
+        self.write_checkpoint(false)?;
+        let taken = {
+            if !self.state.read().producers_dirty {
+                return Ok(());
+            }
+            let mut state = self.write_state();
+            if !std::mem::take(&mut state.producers_dirty) {
+                return Ok(());
+            }
+            let generation = self.generation.load(Ordering::Acquire);
+            (state.producers.clone(), state.log_end_offset(), generation)
+        };
+        let (table, end, generation) = taken;
+        let io = self.snapshot_io.lock();
+        // A truncation since the copy wrote its own snapshot: this one is stale.
+        if self.generation.load(Ordering::Acquire) != generation {
             return Ok(());
         }
+        let written = producer_state::save_snapshot(&self.dir, &table, end);
+        drop(io);
+        written.map_err(|e| {
+            self.write_state().producers_dirty = true;
+            LogError::io(&self.dir, e)
+        })
+    }
+
+    /// Writes the producer-state snapshot under the write lock (truncations, close).
+    fn save_producers_locked(&self, state: &mut LogState) -> Result<(), LogError> {
+        let _io = self.snapshot_io.lock();
         producer_state::save_snapshot(&self.dir, &state.producers, state.log_end_offset())
             .map_err(|e| LogError::io(&self.dir, e))?;
         state.producers_dirty = false;
@@ -1294,7 +1408,7 @@ impl PartitionLog {
     /// change the files behind the marker.
     pub fn close_in_place(&self) -> Result<(), LogError> {
         self.flush()?;
-        let mut state = self.state.write();
+        let mut state = self.write_state();
         self.check_online(&state)?;
         for segment in state.segments.values() {
             segment.flush_all()?;
@@ -1302,12 +1416,48 @@ impl PartitionLog {
         state.active_mut().seal()?;
         self.persist_epochs_locked(&mut state)?;
         self.write_checkpoint_locked(&state)?;
-        self.save_producers_locked(&mut state, true)?;
+        self.save_producers_locked(&mut state)?;
         let marker = self.dir.join(CLEAN_SHUTDOWN_FILE);
         fs::write(&marker, b"").map_err(|e| LogError::io(&marker, e))?;
         checkpoint::sync_dir(&self.dir).map_err(|e| LogError::io(&self.dir, e))?;
         state.offline = Some("closed: the broker is shutting down".to_owned());
         tracing::info!(partition = %self.name, log_end_offset = state.log_end_offset(), "partition closed cleanly");
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod lock_free_tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::partition::SystemClock;
+
+    #[test]
+    fn offsets_are_read_while_a_writer_holds_the_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = Arc::new(
+            PartitionLog::open(dir.path(), TopicConfig::default(), Arc::new(SystemClock)).unwrap(),
+        );
+        log.set_high_watermark(Offset(0));
+        let held = log.state.write();
+        let (tx, rx) = mpsc::channel();
+        let reader = Arc::clone(&log);
+        let thread = std::thread::spawn(move || {
+            let offsets = (
+                reader.log_start_offset(),
+                reader.log_end_offset(),
+                reader.high_watermark(),
+            );
+            tx.send(offsets).unwrap();
+        });
+        let offsets = rx.recv_timeout(Duration::from_secs(5));
+        drop(held);
+        thread.join().unwrap();
+        assert_eq!(
+            offsets.expect("offset reads blocked behind the write lock"),
+            (Offset(0), Offset(0), Offset(0))
+        );
     }
 }

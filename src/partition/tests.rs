@@ -1503,3 +1503,61 @@ fn a_checkpoint_of_an_unchanged_partition_writes_nothing() {
     log.checkpoint().unwrap();
     assert!(file.exists());
 }
+
+#[test]
+fn a_truncation_replaces_the_producer_snapshot_so_a_crash_forgets_removed_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path(), TopicConfig::default());
+    log.append_as_leader(&mut producer_batch("a", 3, 9, 0, 0), LeaderEpoch(0))
+        .unwrap();
+    log.append_as_leader(&mut producer_batch("b", 2, 9, 0, 3), LeaderEpoch(0))
+        .unwrap();
+    // The periodic snapshot covers offsets 0..5, including producer 9's seq 3..=4.
+    log.checkpoint().unwrap();
+    // A new leader's log differs from offset 3: truncate, then the log grows past the
+    // snapshot's offset with another producer's records.
+    log.truncate_to(Offset(3)).unwrap();
+    log.append_as_leader(&mut producer_batch("x", 4, 11, 0, 0), LeaderEpoch(1))
+        .unwrap();
+    assert_eq!(log.log_end_offset(), Offset(7));
+    drop(log); // crash: no clean close
+    let log = open(dir.path(), TopicConfig::default());
+    let again = log
+        .append_as_leader(&mut producer_batch("b", 2, 9, 0, 3), LeaderEpoch(1))
+        .unwrap();
+    assert!(
+        !again.duplicate,
+        "a batch removed by truncation came back from a stale producer snapshot"
+    );
+    assert!(
+        log.append_as_leader(&mut producer_batch("x", 4, 11, 0, 0), LeaderEpoch(1))
+            .unwrap()
+            .duplicate,
+        "producer 11's batch written after the truncation is remembered"
+    );
+}
+
+#[test]
+fn sealed_segments_hold_a_descriptor_only_while_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, written) = multi_segment_log(dir.path());
+    let segments = log.segment_count();
+    log.close().unwrap();
+    for clean in [true, false] {
+        let log = open(dir.path(), small_config());
+        assert_eq!(log.opened_after_clean_shutdown(), clean);
+        assert_eq!(
+            log.open_files(),
+            1,
+            "only the active segment is open (clean: {clean}, segments {segments})"
+        );
+        assert_records(&read_all(&log, 0), &written, "read after open");
+        assert_eq!(log.open_files(), segments, "reads reopened every segment");
+        // Read since the last sweep: kept; idle for a whole interval: released.
+        assert_eq!(log.close_idle_files(), 0);
+        assert_eq!(log.close_idle_files(), segments - 1);
+        assert_eq!(log.open_files(), 1);
+        assert_records(&read_all(&log, 0), &written, "read after release");
+        drop(log); // unclean, for the second round
+    }
+}

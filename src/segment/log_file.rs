@@ -4,12 +4,19 @@
 //! shared handle, so a read never moves a cursor the writer depends on. `size` is the
 //! number of bytes holding complete batches: bytes past it (a torn write) are not
 //! visible through this type and are cut off by recovery.
+//!
+//! The descriptor is opened on first use and may be released when idle
+//! ([`LogFile::close_if_idle`], for sealed segments): a broker with many segments holds
+//! descriptors only for the files in use, and the next use reopens the file by its path.
 
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use super::index_file::remove_if_exists;
 
@@ -29,7 +36,10 @@ pub(crate) fn fail_next_append(written: usize, errno: i32) {
 #[derive(Debug)]
 pub struct LogFile {
     path: PathBuf,
-    file: Arc<File>,
+    /// The open descriptor; `None` once released until the next use.
+    file: Mutex<Option<Arc<File>>>,
+    /// Used since the last [`LogFile::close_if_idle`].
+    used: AtomicBool,
     size: u64,
 }
 
@@ -45,9 +55,42 @@ impl LogFile {
         let size = file.metadata()?.len();
         Ok(Self {
             path: path.to_path_buf(),
-            file: Arc::new(file),
+            file: Mutex::new(Some(Arc::new(file))),
+            used: AtomicBool::new(true),
             size,
         })
+    }
+
+    /// The open descriptor, reopening the file if it was released.
+    fn file(&self) -> io::Result<Arc<File>> {
+        self.used.store(true, Ordering::Relaxed);
+        let mut slot = self.file.lock();
+        if let Some(file) = &*slot {
+            return Ok(Arc::clone(file));
+        }
+        let file = Arc::new(OpenOptions::new().read(true).write(true).open(&self.path)?);
+        *slot = Some(Arc::clone(&file));
+        Ok(file)
+    }
+
+    /// Releases the descriptor when the file was not used since the previous call;
+    /// returns true when it did. Handles already given out stay valid.
+    pub fn close_if_idle(&self) -> bool {
+        if self.used.swap(false, Ordering::Relaxed) {
+            return false;
+        }
+        self.file.lock().take().is_some()
+    }
+
+    /// Releases the descriptor now (the next use reopens the file).
+    pub fn release(&self) {
+        self.used.store(false, Ordering::Relaxed);
+        self.file.lock().take();
+    }
+
+    /// True while a descriptor is open.
+    pub fn is_open(&self) -> bool {
+        self.file.lock().is_some()
     }
 
     /// Path of the file.
@@ -61,38 +104,39 @@ impl LogFile {
     }
 
     /// A shared handle for positioned reads (and fsync) without holding the log's lock.
-    pub fn handle(&self) -> Arc<File> {
-        Arc::clone(&self.file)
+    pub fn handle(&self) -> io::Result<Arc<File>> {
+        self.file()
     }
 
     /// Appends `data` at the end; returns the position it was written at.
     pub fn append(&mut self, data: &[u8]) -> io::Result<u64> {
         let position = self.size;
+        let file = self.file()?;
         #[cfg(test)]
         if let Some((written, errno)) = FAIL_NEXT_APPEND.with(|f| f.take()) {
-            self.file
-                .write_all_at(&data[..written.min(data.len())], position)?;
+            file.write_all_at(&data[..written.min(data.len())], position)?;
             return Err(io::Error::from_raw_os_error(errno));
         }
-        self.file.write_all_at(data, position)?;
+        file.write_all_at(data, position)?;
         self.size += data.len() as u64;
         Ok(position)
     }
 
     /// Reads into `buf` from `position`, stopping at the end of the file.
     pub fn read_at(&self, position: u64, buf: &mut [u8]) -> io::Result<usize> {
-        read_at_most(&self.file, position, buf)
+        read_at_most(&*self.file()?, position, buf)
     }
 
     /// Flushes written data to disk (fdatasync).
     pub fn flush(&self) -> io::Result<()> {
-        self.file.sync_data()
+        self.file()?.sync_data()
     }
 
     /// Cuts the file to `size` bytes.
     pub fn truncate_to(&mut self, size: u64) -> io::Result<()> {
-        if size < self.size || self.file.metadata()?.len() != size {
-            self.file.set_len(size)?;
+        let file = self.file()?;
+        if size < self.size || file.metadata()?.len() != size {
+            file.set_len(size)?;
         }
         self.size = size;
         Ok(())

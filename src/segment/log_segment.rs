@@ -166,9 +166,28 @@ impl LogSegment {
         self.log.path()
     }
 
-    /// A shared handle to the `.log` file for reads outside the partition's lock.
-    pub fn log_handle(&self) -> Arc<File> {
-        self.log.handle()
+    /// A shared handle to the `.log` file for reads outside the partition's lock
+    /// (reopening the file if its descriptor was released).
+    pub fn log_handle(&self) -> Result<Arc<File>, SegmentError> {
+        self.log
+            .handle()
+            .map_err(|e| SegmentError::io(self.log.path(), e))
+    }
+
+    /// Releases the `.log` descriptor when it was not used since the previous call (a
+    /// sealed segment nobody reads); the next use reopens it. Returns true when released.
+    pub fn close_if_idle(&self) -> bool {
+        self.log.close_if_idle()
+    }
+
+    /// Releases the `.log` descriptor now; the next use reopens it.
+    pub fn release_file(&self) {
+        self.log.release();
+    }
+
+    /// True while the `.log` descriptor is open.
+    pub fn is_open(&self) -> bool {
+        self.log.is_open()
     }
 
     /// True when an index has no room for another entry.
@@ -312,7 +331,7 @@ impl LogSegment {
             // The first batch's timestamp is needed for time-based rolling.
             self.first_batch_timestamp = self.header_at(0)?.map(|h| h.max_timestamp);
         }
-        let file = self.log.handle();
+        let file = self.log_handle()?;
         let mut scanner = BatchScanner::new(
             &file,
             from.position as u64,
@@ -405,7 +424,7 @@ impl LogSegment {
         self.max_timestamp = -1;
         self.offset_of_max_timestamp = self.base_offset;
         self.first_batch_timestamp = None;
-        let file = self.log.handle();
+        let file = self.log_handle()?;
         let size = self.log.size();
         let offset_limit = self.base_offset.saturating_add(u64::from(u32::MAX) + 1);
         let verified = verify_batches(
@@ -437,7 +456,7 @@ impl LogSegment {
 
     /// Reads the header of the batch at `position`; `Ok(None)` at the end of the log.
     pub fn header_at(&self, position: u64) -> Result<Option<BatchHeader>, SegmentError> {
-        let file = self.log.handle();
+        let file = self.log_handle()?;
         read_header_at(&file, self.log.size(), position).map_err(|e| match e {
             ScanError::Io { source, .. } => SegmentError::io(self.log.path(), source),
             other => self.scan_error(other),
@@ -483,7 +502,7 @@ impl LogSegment {
         let (mut buf_pos, mut buf_len) = (0u64, 0usize);
         let mut position = start;
         let end = self.log.size();
-        let file = self.log.handle();
+        let file = self.log_handle()?;
         while position < end {
             let in_buf =
                 position >= buf_pos && position + HEADER_LEN as u64 <= buf_pos + buf_len as u64;
@@ -523,7 +542,7 @@ impl LogSegment {
         let Some(start) = self.find_batch(start_offset)? else {
             return Ok(None);
         };
-        let file = self.log.handle();
+        let file = self.log_handle()?;
         let mut scanner =
             BatchScanner::new(&file, start.position, self.log.size(), MAX_SCAN_BATCH_BYTES);
         while let Some(batch) = scanner.next_batch().map_err(|e| self.scan_error(e))? {
