@@ -211,6 +211,10 @@ pub struct BrokerConfig {
     pub fetch_max_wait_ms: u64,
     /// Largest fetch response (bytes).
     pub fetch_max_bytes: usize,
+    /// Check the CRC of every batch a consumer fetch returns (Kafka leaves it to the
+    /// consumers, and tidelog's clients check it; recovery and follower appends always
+    /// check). Off by default.
+    pub verify_crc_on_read: bool,
     /// How long to wait for the controllers to register this broker at start (ms).
     pub registration_timeout_ms: u64,
     /// How long a controlled shutdown may take before the broker stops anyway (ms).
@@ -260,6 +264,7 @@ impl Default for BrokerConfig {
             max_request_bytes: 64 * 1024 * 1024,
             fetch_max_wait_ms: 30_000,
             fetch_max_bytes: 50 * 1024 * 1024,
+            verify_crc_on_read: false,
             registration_timeout_ms: 60_000,
             controlled_shutdown_timeout_ms: 10_000,
             replica_lag_time_max_ms: 30_000,

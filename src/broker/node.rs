@@ -26,6 +26,8 @@ pub struct BrokerLimits {
     pub fetch_wait_max: Duration,
     /// Largest fetch response.
     pub fetch_bytes_max: usize,
+    /// Check batch CRCs on consumer fetches (config `verify_crc_on_read`).
+    pub verify_crc_on_read: bool,
 }
 
 impl Default for BrokerLimits {
@@ -33,6 +35,7 @@ impl Default for BrokerLimits {
         Self {
             fetch_wait_max: Duration::from_secs(30),
             fetch_bytes_max: 50 * 1024 * 1024,
+            verify_crc_on_read: false,
         }
     }
 }
@@ -240,7 +243,7 @@ impl BrokerNode {
         self.wait_for_write_permission(topic, partition, timeout)
             .await?;
         let (local, epoch) = self.leader_partition(topic, partition)?;
-        let min_isr = self.topic_config(topic).min_insync_replicas as usize;
+        let min_isr = local.log.min_insync_replicas() as usize;
         if acks == Acks::All {
             let isr = local.isr_size(epoch).unwrap_or(0);
             if isr < min_isr {
@@ -250,13 +253,18 @@ impl BrokerNode {
                 ));
             }
         }
-        let target = local.clone();
-        let info =
-            tokio::task::spawn_blocking(move || target.append_as_leader(&mut batches, epoch))
+        // A page-cache write on this task: a hand-off to the blocking pool per produce
+        // cost more than the write itself. Only an fsync the flush policy asks for goes
+        // to a blocking thread.
+        let (info, durable_target) = local.append_as_leader_deferred(&mut batches, epoch)?;
+        if let Some(target) = durable_target {
+            let replica = local.clone();
+            tokio::task::spawn_blocking(move || replica.sync_to(target))
                 .await
                 .map_err(|e| {
-                    BrokerError::new(ErrorCode::UnknownServerError, format!("append task: {e}"))
+                    BrokerError::new(ErrorCode::UnknownServerError, format!("fsync task: {e}"))
                 })??;
+        }
         self.partitions.notify_appended();
         if acks == Acks::All {
             local
@@ -329,12 +337,35 @@ impl BrokerNode {
         }
         local
             .log
-            .read(
+            .read_with(
                 Offset(target.offset),
                 target.max_bytes,
                 Isolation::HighWatermark,
+                self.limits.verify_crc_on_read,
             )
             .map_err(|e| BrokerError::from_log(&local.name(), e))
+    }
+
+    /// Reads every target in order within one response budget of `max_bytes` (each
+    /// partition's own limit applies too, and each returns at least one whole batch).
+    fn read_all(
+        &self,
+        targets: &[FetchTarget],
+        max_bytes: usize,
+    ) -> Vec<Result<FetchData, BrokerError>> {
+        let mut budget = max_bytes;
+        targets
+            .iter()
+            .map(|t| {
+                let mut t = t.clone();
+                t.max_bytes = t.max_bytes.min(budget).max(1);
+                let r = self.read_one(&t);
+                if let Ok(d) = &r {
+                    budget = budget.saturating_sub(d.records.len());
+                }
+                r
+            })
+            .collect()
     }
 
     /// Reads each target; waits up to `max_wait` until `min_bytes` are available in total
@@ -348,45 +379,46 @@ impl BrokerNode {
     ) -> Vec<Result<FetchData, BrokerError>> {
         let deadline = Instant::now() + max_wait.min(self.limits.fetch_wait_max);
         let max_bytes = max_bytes.clamp(1, self.limits.fetch_bytes_max);
-        let mut appended = self.partitions.subscribe_appends();
         loop {
-            appended.borrow_and_update();
-            let mut budget = max_bytes;
-            let mut results = Vec::with_capacity(targets.len());
-            let mut total = 0usize;
-            let mut any_error = false;
-            for t in &targets {
-                let mut t = t.clone();
-                t.max_bytes = t.max_bytes.min(budget).max(1);
-                let r = self.read_blocking(t).await;
-                match &r {
-                    Ok(d) => {
-                        total += d.records.len();
-                        budget = budget.saturating_sub(d.records.len());
-                    }
-                    Err(_) => any_error = true,
-                }
-                results.push(r);
-            }
-            if total >= min_bytes || any_error || Instant::now() >= deadline {
+            // Subscribed before reading, so an advance during the read is not missed.
+            // Each partition wakes only the fetches that name it.
+            let mut changes: Vec<_> = targets
+                .iter()
+                .filter_map(|t| self.partitions.get(&t.topic, t.partition))
+                .map(|lp| lp.subscribe())
+                .collect();
+            let results = self.read_all_blocking(&targets, max_bytes).await;
+            let total: usize = results
+                .iter()
+                .map(|r| r.as_ref().map_or(0, |d| d.records.len()))
+                .sum();
+            let any_error = results.iter().any(Result::is_err);
+            if total >= min_bytes || any_error || changes.is_empty() || Instant::now() >= deadline {
                 return results;
             }
             let left = deadline.saturating_duration_since(Instant::now());
-            let _ = tokio::time::timeout(left, appended.changed()).await;
+            let any_change =
+                futures_util::future::select_all(changes.iter_mut().map(|c| Box::pin(c.changed())));
+            let _ = tokio::time::timeout(left, any_change).await;
         }
     }
 
-    async fn read_blocking(&self, target: FetchTarget) -> Result<FetchData, BrokerError> {
-        // Reads hit the page cache almost always; a blocking thread keeps a cold read
-        // from stalling other requests.
+    /// [`BrokerNode::read_all`] on a blocking thread: one hand-off per fetch pass, not per
+    /// partition. Reads hit the page cache almost always; the blocking thread keeps a cold
+    /// read from stalling other requests.
+    async fn read_all_blocking(
+        &self,
+        targets: &[FetchTarget],
+        max_bytes: usize,
+    ) -> Vec<Result<FetchData, BrokerError>> {
         let this = self.clone();
-        tokio::task::spawn_blocking(move || this.read_one(&target))
+        let batch = targets.to_vec();
+        tokio::task::spawn_blocking(move || this.read_all(&batch, max_bytes))
             .await
             .unwrap_or_else(|e| {
-                Err(BrokerError::new(
-                    ErrorCode::UnknownServerError,
-                    format!("read task: {e}"),
-                ))
+                let error =
+                    BrokerError::new(ErrorCode::UnknownServerError, format!("read task: {e}"));
+                vec![Err(error); targets.len()]
             })
     }
 

@@ -112,9 +112,8 @@ impl Connection {
                 format!("'{address}' is not a host:port address: {e}"),
             )
         })?;
-        let channel = endpoint
+        let channel = crate::net::tune_endpoint(endpoint)
             .connect_timeout(Duration::from_secs(2))
-            .tcp_nodelay(true)
             .connect_lazy();
         channels.insert(address.to_owned(), channel.clone());
         Ok(channel)

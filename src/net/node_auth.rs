@@ -289,6 +289,7 @@ pub fn internal_channel(
     let endpoint = Endpoint::from_shared(format!("http://{address}"))
         .map_err(|e| format!("'{address}' is not a host:port address: {e}"))?
         .connect_timeout(connect_timeout);
+    let endpoint = super::tune_endpoint(endpoint);
     let connector = tower::service_fn(move |uri: Uri| {
         let secret = secret.clone();
         async move {

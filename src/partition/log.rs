@@ -10,7 +10,7 @@ use bytes::Bytes;
 use parking_lot::RwLock;
 
 use crate::record::{set_base_offset, set_partition_leader_epoch, BatchIter};
-use crate::segment::{read_at_most, LogSegment};
+use crate::segment::{read_vec_at_most, LogSegment};
 use crate::topic_config::{FlushMode, TopicConfig};
 use crate::types::{LeaderEpoch, Offset};
 
@@ -415,6 +415,11 @@ impl PartitionLog {
         self.state.read().config.clone()
     }
 
+    /// The topic's `min.insync.replicas` (read per produce; no config clone).
+    pub fn min_insync_replicas(&self) -> u32 {
+        self.state.read().config.min_insync_replicas
+    }
+
     /// Applies a changed topic config (takes effect on the next append, roll or pass).
     pub fn update_config(&self, config: TopicConfig) {
         self.write_state().config = config;
@@ -593,13 +598,31 @@ impl PartitionLog {
         batches: &mut [u8],
         leader_epoch: LeaderEpoch,
     ) -> Result<AppendInfo, LogError> {
+        let (info, durable_target) = self.append_as_leader_deferred(batches, leader_epoch)?;
+        if let Some(target) = durable_target {
+            self.wait_durable(target)?;
+        }
+        Ok(info)
+    }
+
+    /// [`PartitionLog::append_as_leader`] without the fsync wait: the write goes to the
+    /// page cache only, so an async caller may run it on its own task. When the flush
+    /// policy wants the records on disk before they are acknowledged, the offset to
+    /// pass to [`PartitionLog::sync_to`] (on a blocking thread) comes back too.
+    pub fn append_as_leader_deferred(
+        &self,
+        batches: &mut [u8],
+        leader_epoch: LeaderEpoch,
+    ) -> Result<(AppendInfo, Option<u64>), LogError> {
         let max_message_bytes = self.state.read().config.max_message_bytes;
         // CPU-heavy checks (CRC, decompression) before taking the write lock.
         let metas = validate_batches(batches, max_message_bytes, true)?;
         let mut state = self.write_state();
         self.check_online(&state)?;
         if let Some(duplicate) = Self::check_sequences(&state, &metas)? {
-            return Ok(duplicate);
+            // A retry is acknowledged like the original: on disk first under sync mode.
+            let sync = state.config.flush_mode == FlushMode::Sync;
+            return Ok((duplicate, sync.then_some(duplicate.last_offset.0 + 1)));
         }
         let first = state.log_end_offset();
         let mut next = first;
@@ -618,8 +641,13 @@ impl PartitionLog {
         for (meta, base) in metas.iter().zip(bases) {
             Self::record_producer(&mut state, meta, base);
         }
-        self.after_append(state, next)?;
-        Ok(info)
+        Ok((info, self.after_append(state, next)))
+    }
+
+    /// Blocks until every offset below `target` is on disk (group commit); see
+    /// [`PartitionLog::append_as_leader_deferred`].
+    pub fn sync_to(&self, target: u64) -> Result<(), LogError> {
+        self.wait_durable(target)
     }
 
     /// Appends batches copied from the leader as a follower: they keep their offsets and
@@ -656,7 +684,9 @@ impl PartitionLog {
         for meta in &metas {
             Self::record_producer(&mut state, meta, meta.base_offset);
         }
-        self.after_append(state, next)?;
+        if let Some(target) = self.after_append(state, next) {
+            self.wait_durable(target)?;
+        }
         Ok(info)
     }
 
@@ -768,15 +798,13 @@ impl PartitionLog {
         })
     }
 
-    /// Applies the flush policy after an append; releases the lock before any fsync.
-    fn after_append(&self, state: StateGuard<'_>, next: u64) -> Result<(), LogError> {
+    /// Applies the flush policy after an append and releases the lock: the offset the
+    /// caller must make durable before acknowledging, if the policy wants an fsync.
+    fn after_append(&self, state: StateGuard<'_>, next: u64) -> Option<u64> {
         let sync = state.config.flush_mode == FlushMode::Sync
             || state.unflushed_messages >= state.config.flush_messages;
         drop(state);
-        if sync {
-            self.wait_durable(next)?;
-        }
-        Ok(())
+        sync.then_some(next)
     }
 
     fn should_roll(
@@ -932,9 +960,22 @@ impl PartitionLog {
         max_bytes: usize,
         isolation: Isolation,
     ) -> Result<FetchData, LogError> {
+        self.read_with(offset, max_bytes, isolation, true)
+    }
+
+    /// [`PartitionLog::read`], checking batch CRCs only with `verify_crc` (a broker serving
+    /// consumers that check them leaves it off; whole batches are still returned, and
+    /// batch lengths and offsets are still checked).
+    pub fn read_with(
+        &self,
+        offset: Offset,
+        max_bytes: usize,
+        isolation: Isolation,
+        verify_crc: bool,
+    ) -> Result<FetchData, LogError> {
         for _ in 0..READ_ATTEMPTS {
             let generation = self.generation.load(Ordering::Acquire);
-            if let Some(data) = self.read_once(offset.0, max_bytes, isolation)? {
+            if let Some(data) = self.read_once(offset.0, max_bytes, isolation, verify_crc)? {
                 if self.generation.load(Ordering::Acquire) == generation {
                     return Ok(data);
                 }
@@ -955,6 +996,7 @@ impl PartitionLog {
         offset: u64,
         max_bytes: usize,
         isolation: Isolation,
+        verify_crc: bool,
     ) -> Result<Option<FetchData>, LogError> {
         // Locate the bytes under the read lock; read them after releasing it.
         let (file, path, position, first_size, segment_end, bound, mut data) = {
@@ -1008,9 +1050,9 @@ impl PartitionLog {
         let want = max_bytes
             .max(first_size)
             .min((segment_end - position) as usize);
-        let mut buf = vec![0u8; want];
-        let n = read_at_most(&file, position, &mut buf).map_err(|e| LogError::io(&path, e))?;
-        buf.truncate(n);
+        let mut buf =
+            read_vec_at_most(&file, position, want).map_err(|e| LogError::io(&path, e))?;
+        let n = buf.len();
         // Keep whole, valid batches below the bound, within max_bytes (the first always).
         let mut keep = 0usize;
         for batch in BatchIter::new(&buf) {
@@ -1022,7 +1064,12 @@ impl PartitionLog {
             if h.last_offset() as u64 >= bound || (keep > 0 && keep + h.total_size() > max_bytes) {
                 break;
             }
-            if let Err(e) = batch.verify_crc() {
+            let checked = if verify_crc {
+                batch.verify_crc()
+            } else {
+                Ok(())
+            };
+            if let Err(e) = checked {
                 if keep > 0 {
                     // Serve what is good; the next fetch starting here reports the damage.
                     break;

@@ -1040,6 +1040,13 @@ fn a_corrupt_sealed_segment_is_reported_on_read_not_served() {
     bytes[100] ^= 0x01;
     std::fs::write(&first, &bytes).unwrap();
     let log = open(dir.path(), config);
+    // Without the CRC check (a broker serving consumers, which check it) the batch is
+    // returned as stored, whole, and the consumer's check catches it.
+    let unchecked = log
+        .read_with(Offset(0), 1 << 20, Isolation::LogEnd, false)
+        .unwrap();
+    let first_batch = BatchIter::new(&unchecked.records).next().unwrap().unwrap();
+    assert!(first_batch.verify_crc().is_err());
     match log.read(Offset(0), 1 << 20, Isolation::LogEnd) {
         Err(LogError::Corrupt { path, reason }) => {
             assert!(path.ends_with("00000000000000000000.log"));

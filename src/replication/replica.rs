@@ -328,6 +328,44 @@ impl LocalPartition {
         Ok(info)
     }
 
+    /// [`Replica::append_as_leader`] without the fsync the flush policy may want (a
+    /// page-cache write, cheap enough for an async task). With `Some(target)` the caller
+    /// runs [`Replica::sync_to`] on a blocking thread before acknowledging; until then
+    /// the high watermark does not cover the records.
+    pub fn append_as_leader_deferred(
+        &self,
+        batches: &mut [u8],
+        epoch: LeaderEpoch,
+    ) -> Result<(AppendInfo, Option<u64>), ReplicaError> {
+        let role = self.role.read();
+        let Role::Leader(leader) = &*role else {
+            return Err(self.not_leader());
+        };
+        if leader.epoch != epoch {
+            return Err(self.not_leader());
+        }
+        let (info, durable_target) = self
+            .log
+            .append_as_leader_deferred(batches, epoch)
+            .map_err(|e| ReplicaError::from_log(&self.name(), e))?;
+        if durable_target.is_none() {
+            self.advance_high_watermark(leader);
+        }
+        Ok((info, durable_target))
+    }
+
+    /// Makes every offset below `target` durable, then lets the high watermark cover it
+    /// (the second half of [`Replica::append_as_leader_deferred`]).
+    pub fn sync_to(&self, target: u64) -> Result<(), ReplicaError> {
+        self.log
+            .sync_to(target)
+            .map_err(|e| ReplicaError::from_log(&self.name(), e))?;
+        if let Role::Leader(leader) = &*self.role.read() {
+            self.advance_high_watermark(leader);
+        }
+        Ok(())
+    }
+
     /// Appends batches fetched from `leader` in `epoch`, if this broker still follows it
     /// there; batches wholly below the log end are skipped. Returns the new log end, or
     /// `None` when the role changed meanwhile (the batches are dropped).

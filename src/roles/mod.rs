@@ -125,9 +125,15 @@ pub const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_sec
 
 /// A gRPC server builder with the settings every listener shares.
 pub fn server_builder() -> tonic::transport::Server {
+    use crate::net::{
+        HTTP2_CONNECTION_WINDOW_BYTES, HTTP2_FRAME_BYTES_MAX, HTTP2_STREAM_WINDOW_BYTES,
+    };
     tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .initial_stream_window_size(HTTP2_STREAM_WINDOW_BYTES)
+        .initial_connection_window_size(HTTP2_CONNECTION_WINDOW_BYTES)
+        .max_frame_size(HTTP2_FRAME_BYTES_MAX)
 }
 
 /// Installs the SIGTERM handler now (so a signal right after the ready line is caught) and

@@ -155,6 +155,44 @@ impl LogFile {
     }
 }
 
+/// Positioned read of up to `len` bytes into a new buffer, stopping at the end of the
+/// file. The buffer is not zero-filled first (a fetch reads megabytes; a memset of each
+/// would cost about as much as the copy from the page cache).
+pub fn read_vec_at_most(file: &File, position: u64, len: usize) -> io::Result<Vec<u8>> {
+    use std::os::fd::AsRawFd;
+    let mut buf: Vec<u8> = Vec::with_capacity(len);
+    let mut done = 0usize;
+    while done < len {
+        let at = libc::off_t::try_from(position + done as u64)
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: the pointer and length stay inside the buffer's spare capacity, which
+        // pread only writes to; nothing reads those bytes before `set_len` covers them.
+        let n = unsafe {
+            libc::pread(
+                file.as_raw_fd(),
+                buf.as_mut_ptr().add(done).cast(),
+                len - done,
+                at,
+            )
+        };
+        match n {
+            0 => break,
+            n if n > 0 => {
+                done += n as usize;
+                // SAFETY: the first `done` bytes were written by pread.
+                unsafe { buf.set_len(done) };
+            }
+            _ => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    Ok(buf)
+}
+
 /// Positioned read that fills as much of `buf` as the file has.
 pub fn read_at_most(file: &File, position: u64, buf: &mut [u8]) -> io::Result<usize> {
     let mut done = 0;
@@ -167,4 +205,20 @@ pub fn read_at_most(file: &File, position: u64, buf: &mut [u8]) -> io::Result<us
         }
     }
     Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_vec_stops_at_the_end_of_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"0123456789").unwrap();
+        let file = File::open(&path).unwrap();
+        assert_eq!(read_vec_at_most(&file, 2, 5).unwrap(), b"23456");
+        assert_eq!(read_vec_at_most(&file, 7, 100).unwrap(), b"789");
+        assert!(read_vec_at_most(&file, 20, 4).unwrap().is_empty());
+    }
 }

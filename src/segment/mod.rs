@@ -18,7 +18,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 pub use index_file::remove_if_exists;
-pub use log_file::{read_at_most, LogFile};
+pub use log_file::{read_at_most, read_vec_at_most, LogFile};
 pub use log_segment::{
     segment_file, BatchLocation, LogSegment, RecoveryOutcome, SegmentConfig, DELETED_SUFFIX,
     INDEX_SUFFIX, LOG_SUFFIX, MAX_SEGMENT_BYTES, TIME_INDEX_SUFFIX,
