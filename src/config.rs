@@ -60,6 +60,9 @@ pub struct ControllerConfig {
     pub connections_max: usize,
     /// Longest a new connection may take to open with the HTTP/2 preface (ms).
     pub connection_handshake_timeout_ms: u64,
+    /// An established connection that carries only keepalives this long is closed (ms;
+    /// Kafka's `connections.max.idle.ms`).
+    pub connections_max_idle_ms: u64,
     /// Most partition replicas placement gives one broker; creating topics or adding
     /// partitions beyond it fails with PARTITION_LIMIT_EXCEEDED.
     pub max_partitions_per_broker: usize,
@@ -86,6 +89,7 @@ impl Default for ControllerConfig {
             leader_imbalance_check_interval_ms: 30_000,
             connections_max: 10_000,
             connection_handshake_timeout_ms: 10_000,
+            connections_max_idle_ms: 600_000,
             max_partitions_per_broker: 20_000,
         }
     }
@@ -99,6 +103,7 @@ impl ControllerConfig {
             handshake_timeout: std::time::Duration::from_millis(
                 self.connection_handshake_timeout_ms,
             ),
+            idle_timeout: std::time::Duration::from_millis(self.connections_max_idle_ms),
         }
     }
 
@@ -119,6 +124,12 @@ impl ControllerConfig {
             return bad(format!(
                 "connections_max must be >= 1 and connection_handshake_timeout_ms >= 10 (got {}, {})",
                 self.connections_max, self.connection_handshake_timeout_ms
+            ));
+        }
+        if self.connections_max_idle_ms < 1_000 {
+            return bad(format!(
+                "connections_max_idle_ms must be at least 1000, got {}",
+                self.connections_max_idle_ms
             ));
         }
         if self.max_partitions_per_broker == 0 {
@@ -245,6 +256,9 @@ pub struct BrokerConfig {
     pub connections_max: usize,
     /// Longest a new connection may take to open with the HTTP/2 preface (ms).
     pub connection_handshake_timeout_ms: u64,
+    /// An established connection that carries only keepalives this long is closed (ms;
+    /// Kafka's `connections.max.idle.ms`).
+    pub connections_max_idle_ms: u64,
 }
 
 impl Default for BrokerConfig {
@@ -279,6 +293,7 @@ impl Default for BrokerConfig {
             offsets_cleanup_min_records: 10_000,
             connections_max: 10_000,
             connection_handshake_timeout_ms: 10_000,
+            connections_max_idle_ms: 600_000,
         }
     }
 }
@@ -291,6 +306,7 @@ impl BrokerConfig {
             handshake_timeout: std::time::Duration::from_millis(
                 self.connection_handshake_timeout_ms,
             ),
+            idle_timeout: std::time::Duration::from_millis(self.connections_max_idle_ms),
         }
     }
 
@@ -306,6 +322,12 @@ impl BrokerConfig {
             return bad(format!(
                 "connections_max must be >= 1 and connection_handshake_timeout_ms >= 10 (got {}, {})",
                 self.connections_max, self.connection_handshake_timeout_ms
+            ));
+        }
+        if self.connections_max_idle_ms < 1_000 {
+            return bad(format!(
+                "connections_max_idle_ms must be at least 1000, got {}",
+                self.connections_max_idle_ms
             ));
         }
         if self.broker_id < 0 {

@@ -232,3 +232,68 @@ async fn hostile_clients_neither_break_the_server_nor_lose_records() {
         log.lines().count()
     );
 }
+
+/// A connection that opened HTTP/2 and then only idles is closed after
+/// `connections_max_idle_ms`; a gRPC channel that idled that long still works (it
+/// reconnects), and one in use is never cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_are_closed_and_clients_reconnect() {
+    let dir = tempfile::tempdir().unwrap();
+    let address = format!("127.0.0.1:{}", free_ports(1)[0]);
+    let env: Vec<(&str, &str)> = FAST_RAFT
+        .iter()
+        .copied()
+        .chain([("TIDELOG_CONNECTIONS_MAX_IDLE_MS", "2000")])
+        .collect();
+    let args = vec![
+        "--data-dir".to_owned(),
+        dir.path().join("data").display().to_string(),
+        "--listen".to_owned(),
+        address.clone(),
+    ];
+    let _server = Proc::start("standalone", &args, &env, dir.path());
+    AdminClient::new(vec![address.clone()], Duration::from_secs(10))
+        .create_topic("idle", Some(1), Some(1), Default::default())
+        .await
+        .unwrap();
+    // The HTTP/2 preface and an empty SETTINGS frame, then silence.
+    let mut quiet = TcpStream::connect(&address).await.unwrap();
+    quiet
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .await
+        .unwrap();
+    let opened = Instant::now();
+    assert!(
+        closed_within(&mut quiet, Duration::from_secs(15)).await,
+        "an idle HTTP/2 connection stays open"
+    );
+    let after = opened.elapsed();
+    assert!(
+        after >= Duration::from_millis(1500),
+        "closed after {after:?}, before the idle timeout"
+    );
+    // One channel, used, idle past the timeout, used again.
+    let mut channel = client(&address).await;
+    let mut offsets = Vec::new();
+    for round in 0..2 {
+        let request = produce_request(
+            vec![Record {
+                value: Some(format!("round-{round}").into_bytes().into()),
+                ..Default::default()
+            }],
+            Vec::new(),
+        );
+        let mut request = request;
+        request.topics[0].topic = "idle".to_owned();
+        let response = match channel.produce(request.clone()).await {
+            Ok(r) => r,
+            // The call that finds its connection closed may fail once; the next reconnects.
+            Err(_) => channel.produce(request).await.expect("reconnected"),
+        };
+        let p = &response.into_inner().topics[0].partitions[0];
+        assert_eq!(p.error_code, 0, "{}", p.error_message);
+        offsets.push(p.base_offset);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+    assert_eq!(offsets, vec![0, 1]);
+}

@@ -11,8 +11,11 @@
 //! warning.
 //!
 //! Established connections whose peer stops answering HTTP/2 keepalive pings (dead,
-//! frozen or cut off) are closed by the gRPC server (`roles::server_builder`), not here;
-//! quiet but live client connections stay open, as gRPC channels expect.
+//! frozen or cut off) are closed by the gRPC server (`roles::server_builder`). A live
+//! connection that carries nothing but keepalive traffic for
+//! [`ListenerLimits::idle_timeout`] (Kafka's `connections.max.idle.ms`, 10 minutes) is
+//! closed here, so connections that hold a slot without using it do not add up; gRPC
+//! clients reconnect on their next call.
 //!
 //! An internal listener (node-to-node RPCs) first runs the node handshake of
 //! [`node_auth`] on every connection, then the same checks.
@@ -20,6 +23,7 @@
 pub mod node_auth;
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -63,6 +67,8 @@ pub struct ListenerLimits {
     pub connections_max: usize,
     /// Longest a new connection may take to send the HTTP/2 preface.
     pub handshake_timeout: Duration,
+    /// Longest an established connection may carry only keepalive-sized frames.
+    pub idle_timeout: Duration,
 }
 
 impl Default for ListenerLimits {
@@ -70,9 +76,15 @@ impl Default for ListenerLimits {
         Self {
             connections_max: 10_000,
             handshake_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(600),
         }
     }
 }
+
+/// Reads and writes of at most this many bytes do not count as use: an HTTP/2 PING or
+/// its acknowledgement is 17 bytes (9 of header, 8 of payload), a WINDOW_UPDATE 13, a
+/// SETTINGS acknowledgement 9. Anything carrying a request or a response is larger.
+const KEEPALIVE_FRAME_BYTES_MAX: usize = 17;
 
 /// What the first bytes of a connection say.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,10 +123,33 @@ pub fn classify(first: &[u8]) -> Preface {
 }
 
 /// One accepted connection; holds its place under the connection limit until dropped.
+/// Reads end (EOF) once it has been idle for the listener's idle timeout, which makes
+/// the gRPC server close it.
 #[derive(Debug)]
 pub struct Conn {
     stream: TcpStream,
     _permit: OwnedSemaphorePermit,
+    idle_timeout: Duration,
+    idle: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl Conn {
+    fn new(stream: TcpStream, permit: OwnedSemaphorePermit, idle_timeout: Duration) -> Self {
+        Self {
+            stream,
+            _permit: permit,
+            idle_timeout,
+            idle: Box::pin(tokio::time::sleep(idle_timeout)),
+        }
+    }
+
+    /// Counts a read or write of `bytes` as use unless it is keepalive-sized.
+    fn used(&mut self, bytes: usize) {
+        if bytes > KEEPALIVE_FRAME_BYTES_MAX {
+            let at = tokio::time::Instant::now() + self.idle_timeout;
+            self.idle.as_mut().reset(at);
+        }
+    }
 }
 
 impl Connected for Conn {
@@ -131,7 +166,20 @@ impl AsyncRead for Conn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        let before = buf.filled().len();
+        match Pin::new(&mut self.stream).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                let n = buf.filled().len() - before;
+                self.used(n);
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending => match self.idle.as_mut().poll(cx) {
+                // Idle for the whole timeout: end of stream, and the server closes it.
+                Poll::Ready(()) => Poll::Ready(Ok(())),
+                Poll::Pending => Poll::Pending,
+            },
+            other => other,
+        }
     }
 }
 
@@ -141,7 +189,11 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
+        let r = Pin::new(&mut self.stream).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = r {
+            self.used(n);
+        }
+        r
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -157,7 +209,11 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+        let r = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = r {
+            self.used(n);
+        }
+        r
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -241,10 +297,7 @@ pub fn serve_incoming(
                 match handshake(&mut stream, nodes.as_deref(), limits.handshake_timeout).await {
                     Ok(()) => {
                         let _ = tx
-                            .send(Ok(Conn {
-                                stream,
-                                _permit: permit,
-                            }))
+                            .send(Ok(Conn::new(stream, permit, limits.idle_timeout)))
                             .await;
                     }
                     Err(why) => {
@@ -341,6 +394,7 @@ mod tests {
         let limits = ListenerLimits {
             connections_max: 2,
             handshake_timeout: Duration::from_millis(200),
+            idle_timeout: Duration::from_secs(60),
         };
         let incoming = serve_incoming(listener, limits, "test", None, cancel.clone());
         tokio::pin!(incoming);
@@ -375,6 +429,59 @@ mod tests {
         let mut got = [0u8; 24];
         conn.read_exact(&mut got).await.unwrap();
         assert_eq!(&got[..], HTTP2_PREFACE);
+        cancel.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_connection_carrying_only_keepalives_is_closed_when_idle() {
+        use futures_util::StreamExt;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cancel = CancellationToken::new();
+        let limits = ListenerLimits {
+            connections_max: 4,
+            handshake_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_millis(300),
+        };
+        let incoming = serve_incoming(listener, limits, "test", None, cancel.clone());
+        tokio::pin!(incoming);
+        let mut busy = TcpStream::connect(addr).await.unwrap();
+        busy.write_all(HTTP2_PREFACE).await.unwrap();
+        let mut busy_conn = incoming.next().await.unwrap().unwrap();
+        let mut quiet = TcpStream::connect(addr).await.unwrap();
+        quiet.write_all(HTTP2_PREFACE).await.unwrap();
+        let mut quiet_conn = incoming.next().await.unwrap().unwrap();
+        let mut buf = [0u8; 64];
+        busy_conn.read_exact(&mut buf[..24]).await.unwrap();
+        quiet_conn.read_exact(&mut buf[..24]).await.unwrap();
+        let started = tokio::time::Instant::now();
+        // The quiet peer sends only ping-sized frames; the busy one real traffic.
+        let quiet_reader = tokio::spawn(async move {
+            let mut buf = [0u8; 64];
+            loop {
+                match quiet_conn.read(&mut buf).await {
+                    Ok(0) | Err(_) => return tokio::time::Instant::now(),
+                    Ok(_) => {}
+                }
+            }
+        });
+        for _ in 0..8 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let _ = quiet.write_all(&[0u8; 17]).await;
+            busy.write_all(&[1u8; 40]).await.unwrap();
+            let n = busy_conn.read(&mut buf).await.unwrap();
+            assert!(n > 0, "a connection in use was closed");
+        }
+        let closed_at = tokio::time::timeout(Duration::from_secs(5), quiet_reader)
+            .await
+            .expect("the idle connection was never closed")
+            .unwrap();
+        let idle_for = closed_at - started;
+        assert!(
+            idle_for >= Duration::from_millis(300) && idle_for < Duration::from_millis(800),
+            "closed after {idle_for:?}"
+        );
         cancel.cancel();
     }
 }
