@@ -10,7 +10,7 @@ use super::metadata_cache::MetadataCache;
 use super::partition_manager::{LocalPartition, PartitionManager};
 use super::producer_ids::ProducerIdBlocks;
 use crate::error_code::ErrorCode;
-use crate::partition::{FetchData, Isolation};
+use crate::partition::{FetchData, Isolation, LogError};
 use crate::replication::isr_queue::IsrChangeQueue;
 use crate::replication::IsrChange;
 use crate::topic_config::TopicConfig;
@@ -37,6 +37,20 @@ impl Default for BrokerLimits {
             fetch_bytes_max: 50 * 1024 * 1024,
             verify_crc_on_read: false,
         }
+    }
+}
+
+/// Why a read gave no answer.
+enum ReadFailure {
+    /// A cache-only read met bytes not in the page cache.
+    NotCached,
+    /// A failure to report.
+    Broker(BrokerError),
+}
+
+impl From<BrokerError> for ReadFailure {
+    fn from(e: BrokerError) -> Self {
+        Self::Broker(e)
     }
 }
 
@@ -308,7 +322,24 @@ impl BrokerNode {
         }
     }
 
-    fn read_one(&self, target: &FetchTarget) -> Result<FetchData, BrokerError> {
+    /// Reads one target; `None` when `cached_only` and its bytes are not in the page cache.
+    fn read_one(
+        &self,
+        target: &FetchTarget,
+        cached_only: bool,
+    ) -> Option<Result<FetchData, BrokerError>> {
+        match self.read_one_inner(target, cached_only) {
+            Err(ReadFailure::NotCached) => None,
+            Err(ReadFailure::Broker(e)) => Some(Err(e)),
+            Ok(data) => Some(Ok(data)),
+        }
+    }
+
+    fn read_one_inner(
+        &self,
+        target: &FetchTarget,
+        cached_only: bool,
+    ) -> Result<FetchData, ReadFailure> {
         let (local, _) = self.leader_partition(&target.topic, target.partition)?;
         let hw = local.log.high_watermark();
         let end = local.log.log_end_offset();
@@ -323,7 +354,7 @@ impl BrokerNode {
             });
         }
         if target.offset > end.0 {
-            return Err(BrokerError::new(
+            return Err(ReadFailure::Broker(BrokerError::new(
                 ErrorCode::OffsetOutOfRange,
                 format!(
                     "{}: offset {} is beyond the log end {} (high watermark {}, log start {})",
@@ -333,39 +364,66 @@ impl BrokerNode {
                     hw.0,
                     local.log.log_start_offset().0
                 ),
-            ));
+            )));
         }
-        local
-            .log
-            .read_with(
-                Offset(target.offset),
+        let (offset, verify_crc) = (Offset(target.offset), self.limits.verify_crc_on_read);
+        let read = if cached_only {
+            local.log.read_cached(
+                offset,
                 target.max_bytes,
                 Isolation::HighWatermark,
-                self.limits.verify_crc_on_read,
+                verify_crc,
             )
-            .map_err(|e| BrokerError::from_log(&local.name(), e))
+        } else {
+            local.log.read_with(
+                offset,
+                target.max_bytes,
+                Isolation::HighWatermark,
+                verify_crc,
+            )
+        };
+        read.map_err(|e| match e {
+            LogError::NotCached => ReadFailure::NotCached,
+            e => ReadFailure::Broker(BrokerError::from_log(&local.name(), e)),
+        })
     }
 
     /// Reads every target in order within one response budget of `max_bytes` (each
     /// partition's own limit applies too, and each returns at least one whole batch).
+    /// `None` when `cached_only` and some bytes are not in the page cache.
     fn read_all(
         &self,
         targets: &[FetchTarget],
         max_bytes: usize,
-    ) -> Vec<Result<FetchData, BrokerError>> {
+        cached_only: bool,
+    ) -> Option<Vec<Result<FetchData, BrokerError>>> {
         let mut budget = max_bytes;
         targets
             .iter()
             .map(|t| {
                 let mut t = t.clone();
                 t.max_bytes = t.max_bytes.min(budget).max(1);
-                let r = self.read_one(&t);
+                let r = self.read_one(&t, cached_only)?;
                 if let Ok(d) = &r {
                     budget = budget.saturating_sub(d.records.len());
                 }
-                r
+                Some(r)
             })
             .collect()
+    }
+
+    /// [`BrokerNode::read_all`] on this task when everything is in the page cache (the
+    /// common case: a copy, cheaper than a thread hand-off), else on a blocking thread so
+    /// a disk read never stalls other requests.
+    async fn read_all_fast(
+        &self,
+        targets: &[FetchTarget],
+        max_bytes: usize,
+    ) -> Vec<Result<FetchData, BrokerError>> {
+        match self.read_all(targets, max_bytes, true) {
+            Some(results) => results,
+            None => self.read_all_blocking(targets, max_bytes).await,
+        }
     }
 
     /// Reads each target; waits up to `max_wait` until `min_bytes` are available in total
@@ -387,7 +445,7 @@ impl BrokerNode {
                 .filter_map(|t| self.partitions.get(&t.topic, t.partition))
                 .map(|lp| lp.subscribe())
                 .collect();
-            let results = self.read_all_blocking(&targets, max_bytes).await;
+            let results = self.read_all_fast(&targets, max_bytes).await;
             let total: usize = results
                 .iter()
                 .map(|r| r.as_ref().map_or(0, |d| d.records.len()))
@@ -413,13 +471,15 @@ impl BrokerNode {
     ) -> Vec<Result<FetchData, BrokerError>> {
         let this = self.clone();
         let batch = targets.to_vec();
-        tokio::task::spawn_blocking(move || this.read_all(&batch, max_bytes))
-            .await
-            .unwrap_or_else(|e| {
-                let error =
-                    BrokerError::new(ErrorCode::UnknownServerError, format!("read task: {e}"));
-                vec![Err(error); targets.len()]
-            })
+        tokio::task::spawn_blocking(move || {
+            this.read_all(&batch, max_bytes, false)
+                .expect("reads that may wait always answer")
+        })
+        .await
+        .unwrap_or_else(|e| {
+            let error = BrokerError::new(ErrorCode::UnknownServerError, format!("read task: {e}"));
+            vec![Err(error); targets.len()]
+        })
     }
 
     /// Serves a follower's fetch: records each partition's fetch offset as the follower's

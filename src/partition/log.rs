@@ -973,9 +973,35 @@ impl PartitionLog {
         isolation: Isolation,
         verify_crc: bool,
     ) -> Result<FetchData, LogError> {
+        self.read_inner(offset, max_bytes, isolation, verify_crc, false)
+    }
+
+    /// [`PartitionLog::read_with`] that never waits for the disk: fails with
+    /// [`LogError::NotCached`] when the bytes are not all in the page cache, so an async
+    /// task can serve the common case itself and hand only cold reads to a blocking
+    /// thread.
+    pub fn read_cached(
+        &self,
+        offset: Offset,
+        max_bytes: usize,
+        isolation: Isolation,
+        verify_crc: bool,
+    ) -> Result<FetchData, LogError> {
+        self.read_inner(offset, max_bytes, isolation, verify_crc, true)
+    }
+
+    fn read_inner(
+        &self,
+        offset: Offset,
+        max_bytes: usize,
+        isolation: Isolation,
+        verify_crc: bool,
+        cached_only: bool,
+    ) -> Result<FetchData, LogError> {
         for _ in 0..READ_ATTEMPTS {
             let generation = self.generation.load(Ordering::Acquire);
-            if let Some(data) = self.read_once(offset.0, max_bytes, isolation, verify_crc)? {
+            let once = self.read_once(offset.0, max_bytes, isolation, verify_crc, cached_only);
+            if let Some(data) = once? {
                 if self.generation.load(Ordering::Acquire) == generation {
                     return Ok(data);
                 }
@@ -997,6 +1023,7 @@ impl PartitionLog {
         max_bytes: usize,
         isolation: Isolation,
         verify_crc: bool,
+        cached_only: bool,
     ) -> Result<Option<FetchData>, LogError> {
         // Locate the bytes under the read lock; read them after releasing it.
         let (file, path, position, first_size, segment_end, bound, mut data) = {
@@ -1026,7 +1053,7 @@ impl PartitionLog {
             let Some(segment) = state.segment_for(offset) else {
                 return Ok(Some(data));
             };
-            let location = match segment.find_batch(offset) {
+            let location = match segment.find_batch_with(offset, cached_only) {
                 Ok(Some(location)) => location,
                 Ok(None) => return Ok(Some(data)),
                 Err(e) => {
@@ -1050,8 +1077,13 @@ impl PartitionLog {
         let want = max_bytes
             .max(first_size)
             .min((segment_end - position) as usize);
-        let mut buf =
-            read_vec_at_most(&file, position, want).map_err(|e| LogError::io(&path, e))?;
+        let mut buf = match read_vec_at_most(&file, position, want, cached_only) {
+            Ok(buf) => buf,
+            Err(e) if cached_only && e.kind() == std::io::ErrorKind::WouldBlock => {
+                return Err(LogError::NotCached)
+            }
+            Err(e) => return Err(LogError::io(&path, e)),
+        };
         let n = buf.len();
         // Keep whole, valid batches below the bound, within max_bytes (the first always).
         let mut keep = 0usize;

@@ -50,6 +50,10 @@ use crate::topic_config::ConfigError;
 /// Why a partition operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum LogError {
+    /// A cache-only read ([`PartitionLog::read_cached`]) found bytes that are not in the
+    /// page cache; the caller reads again on a blocking thread. Never sent to clients.
+    #[error("the data is not in the page cache")]
+    NotCached,
     /// The requested offset is outside the log.
     #[error(
         "offset {requested} is out of range: the log holds [{log_start_offset}, {log_end_offset})"
@@ -175,6 +179,8 @@ impl LogError {
 impl From<SegmentError> for LogError {
     fn from(e: SegmentError) -> Self {
         match e {
+            // Only cache-only reads ask not to wait; regular files never say WouldBlock.
+            e if e.would_block() => Self::NotCached,
             SegmentError::Io { path, source } => Self::Io { path, source },
             SegmentError::Corrupt { path, reason } => Self::Corrupt { path, reason },
             SegmentError::InvalidAppend(reason) => Self::InvalidRecord { reason },

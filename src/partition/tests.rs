@@ -1568,3 +1568,37 @@ fn sealed_segments_hold_a_descriptor_only_while_read() {
         drop(log); // unclean, for the second round
     }
 }
+
+#[test]
+fn a_cache_only_read_serves_cached_bytes_and_refuses_cold_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, written) = multi_segment_log(dir.path());
+    // Just written: in the page cache.
+    let cached = log
+        .read_cached(Offset(0), 1 << 20, Isolation::LogEnd, true)
+        .unwrap();
+    assert_eq!(
+        cached,
+        log.read(Offset(0), 1 << 20, Isolation::LogEnd).unwrap()
+    );
+    // Evicted from the page cache (flushed, then dropped with POSIX_FADV_DONTNEED):
+    // the cache-only read refuses instead of waiting for the disk; a normal read works.
+    log.flush().unwrap();
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "log") {
+            let file = std::fs::File::open(&path).unwrap();
+            file.sync_all().unwrap();
+            use std::os::fd::AsRawFd;
+            // SAFETY: a plain advisory call on an open descriptor.
+            unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        }
+    }
+    match log.read_cached(Offset(0), 1 << 20, Isolation::LogEnd, true) {
+        Err(LogError::NotCached) => {}
+        // Some file systems (tmpfs) keep everything in memory: nothing to evict.
+        Ok(data) => assert!(!data.records.is_empty()),
+        Err(e) => panic!("{e}"),
+    }
+    assert_records(&read_all(&log, 0), &written, "normal reads after eviction");
+}

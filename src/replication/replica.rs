@@ -52,6 +52,7 @@ impl ReplicaError {
                 ErrorCode::OutOfOrderSequenceNumber
             }
             LogError::Sequence(_) => ErrorCode::InvalidProducerEpoch,
+            LogError::NotCached => ErrorCode::RequestTimedOut,
             LogError::Offline { .. }
             | LogError::Damaged(_)
             | LogError::DirectoryLocked { .. }

@@ -158,7 +158,16 @@ impl LogFile {
 /// Positioned read of up to `len` bytes into a new buffer, stopping at the end of the
 /// file. The buffer is not zero-filled first (a fetch reads megabytes; a memset of each
 /// would cost about as much as the copy from the page cache).
-pub fn read_vec_at_most(file: &File, position: u64, len: usize) -> io::Result<Vec<u8>> {
+///
+/// With `cached_only` the read never waits for the disk (`preadv2` with `RWF_NOWAIT`):
+/// it fails with [`io::ErrorKind::WouldBlock`] unless all `len` bytes (or all up to the
+/// end of the file) are in the page cache, so an async task may call it.
+pub fn read_vec_at_most(
+    file: &File,
+    position: u64,
+    len: usize,
+    cached_only: bool,
+) -> io::Result<Vec<u8>> {
     use std::os::fd::AsRawFd;
     let mut buf: Vec<u8> = Vec::with_capacity(len);
     let mut done = 0usize;
@@ -166,31 +175,55 @@ pub fn read_vec_at_most(file: &File, position: u64, len: usize) -> io::Result<Ve
         let at = libc::off_t::try_from(position + done as u64)
             .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
         // SAFETY: the pointer and length stay inside the buffer's spare capacity, which
-        // pread only writes to; nothing reads those bytes before `set_len` covers them.
+        // the read only writes to; nothing reads those bytes before `set_len` covers them.
         let n = unsafe {
-            libc::pread(
-                file.as_raw_fd(),
-                buf.as_mut_ptr().add(done).cast(),
-                len - done,
-                at,
-            )
+            let iov = libc::iovec {
+                iov_base: buf.as_mut_ptr().add(done).cast(),
+                iov_len: len - done,
+            };
+            let flags = if cached_only { libc::RWF_NOWAIT } else { 0 };
+            libc::preadv2(file.as_raw_fd(), &iov, 1, at, flags)
         };
         match n {
             0 => break,
             n if n > 0 => {
                 done += n as usize;
-                // SAFETY: the first `done` bytes were written by pread.
+                // SAFETY: the first `done` bytes were written by the read.
                 unsafe { buf.set_len(done) };
             }
             _ => {
                 let e = io::Error::last_os_error();
-                if e.kind() != io::ErrorKind::Interrupted {
-                    return Err(e);
+                match e.kind() {
+                    io::ErrorKind::Interrupted => {}
+                    // Not cached, or a kernel/file system without RWF_NOWAIT.
+                    _ if cached_only
+                        && matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EINVAL)) =>
+                    {
+                        return Err(io::ErrorKind::WouldBlock.into())
+                    }
+                    _ => return Err(e),
                 }
             }
         }
     }
     Ok(buf)
+}
+
+/// [`read_at_most`], or with `cached_only` one that fails with
+/// [`io::ErrorKind::WouldBlock`] instead of waiting for the disk (see
+/// [`read_vec_at_most`]).
+pub fn read_at_most_with(
+    file: &File,
+    position: u64,
+    buf: &mut [u8],
+    cached_only: bool,
+) -> io::Result<usize> {
+    if !cached_only {
+        return read_at_most(file, position, buf);
+    }
+    let data = read_vec_at_most(file, position, buf.len(), true)?;
+    buf[..data.len()].copy_from_slice(&data);
+    Ok(data.len())
 }
 
 /// Positioned read that fills as much of `buf` as the file has.
@@ -217,8 +250,19 @@ mod tests {
         let path = dir.path().join("f");
         std::fs::write(&path, b"0123456789").unwrap();
         let file = File::open(&path).unwrap();
-        assert_eq!(read_vec_at_most(&file, 2, 5).unwrap(), b"23456");
-        assert_eq!(read_vec_at_most(&file, 7, 100).unwrap(), b"789");
-        assert!(read_vec_at_most(&file, 20, 4).unwrap().is_empty());
+        for cached_only in [false, true] {
+            // (Just written: in the page cache.)
+            assert_eq!(
+                read_vec_at_most(&file, 2, 5, cached_only).unwrap(),
+                b"23456"
+            );
+            assert_eq!(
+                read_vec_at_most(&file, 7, 100, cached_only).unwrap(),
+                b"789"
+            );
+            assert!(read_vec_at_most(&file, 20, 4, cached_only)
+                .unwrap()
+                .is_empty());
+        }
     }
 }

@@ -16,9 +16,9 @@ use std::sync::Arc;
 
 use crate::record::{BatchHeader, BatchIter, HEADER_LEN};
 
-use super::log_file::{read_at_most, LogFile};
+use super::log_file::{read_at_most_with, LogFile};
 use super::offset_index::{OffsetIndex, OffsetPosition};
-use super::scan::{read_header_at, verify_batches, BatchScanner, ScanError, SegmentDamage};
+use super::scan::{read_header_at_with, verify_batches, BatchScanner, ScanError, SegmentDamage};
 use super::time_index::TimeIndex;
 use super::SegmentError;
 
@@ -456,8 +456,16 @@ impl LogSegment {
 
     /// Reads the header of the batch at `position`; `Ok(None)` at the end of the log.
     pub fn header_at(&self, position: u64) -> Result<Option<BatchHeader>, SegmentError> {
+        self.header_at_with(position, false)
+    }
+
+    fn header_at_with(
+        &self,
+        position: u64,
+        cached_only: bool,
+    ) -> Result<Option<BatchHeader>, SegmentError> {
         let file = self.log_handle()?;
-        read_header_at(&file, self.log.size(), position).map_err(|e| match e {
+        read_header_at_with(&file, self.log.size(), position, cached_only).map_err(|e| match e {
             ScanError::Io { source, .. } => SegmentError::io(self.log.path(), source),
             other => self.scan_error(other),
         })
@@ -466,12 +474,23 @@ impl LogSegment {
     /// Finds the batch holding `offset` (the first batch whose last offset is `>= offset`),
     /// scanning headers forward from the index hint. `None` when `offset` is past the end.
     pub fn find_batch(&self, offset: u64) -> Result<Option<BatchLocation>, SegmentError> {
+        self.find_batch_with(offset, false)
+    }
+
+    /// [`LogSegment::find_batch`]; with `cached_only` its reads fail with an I/O error of
+    /// kind `WouldBlock` instead of waiting for the disk (the index is memory-mapped and
+    /// small: a cold index page is the one wait left).
+    pub fn find_batch_with(
+        &self,
+        offset: u64,
+        cached_only: bool,
+    ) -> Result<Option<BatchLocation>, SegmentError> {
         if offset >= self.next_offset {
             return Ok(None);
         }
         let hint = self.offset_index.lookup(offset);
         // One small read checks the hint and, with large batches, usually answers.
-        match self.header_at(hint.position as u64) {
+        match self.header_at_with(hint.position as u64, cached_only) {
             Ok(Some(h)) if hint.position == 0 || h.base_offset as u64 == hint.offset => {
                 if h.last_offset() as u64 >= offset {
                     return Ok(Some(BatchLocation {
@@ -479,14 +498,18 @@ impl LogSegment {
                         header: h,
                     }));
                 }
-                self.find_batch_from(hint.position as u64 + h.total_size() as u64, offset)
+                self.find_batch_from(
+                    hint.position as u64 + h.total_size() as u64,
+                    offset,
+                    cached_only,
+                )
             }
-            Err(e) if hint.position == 0 => Err(e),
+            Err(e) if hint.position == 0 || e.would_block() => Err(e),
             _ => {
                 // A stale index (e.g. a crash after a truncation) must not send us into
                 // the middle of a batch: fall back to the segment start.
                 tracing::warn!(path = %self.log.path().display(), ?hint, "offset index entry does not match the log; scanning from the segment start");
-                self.find_batch_from(0, offset)
+                self.find_batch_from(0, offset, cached_only)
             }
         }
     }
@@ -495,6 +518,7 @@ impl LogSegment {
         &self,
         start: u64,
         offset: u64,
+        cached_only: bool,
     ) -> Result<Option<BatchLocation>, SegmentError> {
         // Header hops through a small buffer: one read covers several small batches.
         const WINDOW: usize = 8 * 1024;
@@ -508,7 +532,7 @@ impl LogSegment {
                 position >= buf_pos && position + HEADER_LEN as u64 <= buf_pos + buf_len as u64;
             if !in_buf {
                 let want = WINDOW.min((end - position) as usize);
-                buf_len = read_at_most(&file, position, &mut buf[..want])
+                buf_len = read_at_most_with(&file, position, &mut buf[..want], cached_only)
                     .map_err(|e| SegmentError::io(self.log.path(), e))?;
                 buf_pos = position;
             }

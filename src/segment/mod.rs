@@ -18,7 +18,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 pub use index_file::remove_if_exists;
-pub use log_file::{read_at_most, read_vec_at_most, LogFile};
+pub use log_file::{read_at_most, read_at_most_with, read_vec_at_most, LogFile};
 pub use log_segment::{
     segment_file, BatchLocation, LogSegment, RecoveryOutcome, SegmentConfig, DELETED_SUFFIX,
     INDEX_SUFFIX, LOG_SUFFIX, MAX_SEGMENT_BYTES, TIME_INDEX_SUFFIX,
@@ -66,6 +66,11 @@ pub enum SegmentError {
 }
 
 impl SegmentError {
+    /// A cache-only read found bytes that are not in the page cache.
+    pub fn would_block(&self) -> bool {
+        matches!(self, Self::Io { source, .. } if source.kind() == io::ErrorKind::WouldBlock)
+    }
+
     /// An I/O error on `path`.
     pub fn io(path: &Path, source: io::Error) -> Self {
         Self::Io {

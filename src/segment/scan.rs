@@ -78,11 +78,22 @@ pub fn read_header_at(
     end: u64,
     position: u64,
 ) -> Result<Option<BatchHeader>, ScanError> {
+    read_header_at_with(file, end, position, false)
+}
+
+/// [`read_header_at`]; with `cached_only`, an I/O error of kind `WouldBlock` instead of
+/// waiting for the disk.
+pub fn read_header_at_with(
+    file: &File,
+    end: u64,
+    position: u64,
+    cached_only: bool,
+) -> Result<Option<BatchHeader>, ScanError> {
     if position >= end {
         return Ok(None);
     }
     let mut buf = [0u8; HEADER_LEN];
-    let n = read_at_most(file, position, &mut buf)
+    let n = super::log_file::read_at_most_with(file, position, &mut buf, cached_only)
         .map_err(|source| ScanError::Io { position, source })?;
     BatchHeader::parse(&buf[..n])
         .map(Some)
