@@ -13,6 +13,18 @@ use common::{cli, free_ports, standalone_with};
 use tidelog::api::proto::broker_client::BrokerClient;
 use tidelog::api::proto::{PartitionProduceData, ProduceRequest, Record, TopicProduceData};
 
+/// Resident memory of `pid` (KiB).
+fn rss_kib(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
 fn open_descriptors(pid: i32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .map(|d| d.count())
@@ -30,6 +42,7 @@ async fn thousands_of_partitions_open_with_about_one_descriptor_each() {
     let server = standalone_with(dir.path(), port, &[("RUST_LOG", "warn")]);
     let bootstrap = format!("127.0.0.1:{port}");
     let baseline = open_descriptors(server.pid());
+    let rss_before = rss_kib(server.pid());
 
     let started = Instant::now();
     // PARTITIONS_PER_TOPIC_MAX is 10,000: one topic holds them all.
@@ -109,8 +122,10 @@ async fn thousands_of_partitions_open_with_about_one_descriptor_each() {
     let elapsed = started.elapsed();
 
     let descriptors = open_descriptors(server.pid());
+    let rss_after = rss_kib(server.pid());
     eprintln!(
-        "{partitions} partitions: directories after {dirs_after:?}, all open and producing after {elapsed:?}; {descriptors} descriptors (baseline {baseline})"
+        "{partitions} partitions: directories after {dirs_after:?}, all open and producing after {elapsed:?}; {descriptors} descriptors (baseline {baseline}); resident memory {rss_before} KiB before, {rss_after} KiB after ({} KiB per partition)",
+        rss_after.saturating_sub(rss_before) / u64::from(partitions.max(1))
     );
     // One per partition (the active .log) plus a margin for sockets, Raft and
     // __consumer_offsets; the old layout needed four per partition.
