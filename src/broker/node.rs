@@ -40,6 +40,10 @@ impl Default for BrokerLimits {
     }
 }
 
+/// A follower fetch pass: each partition's read, and the ISR changes the follower's
+/// progress calls for.
+type ReplicaReads = (Vec<Result<FetchData, BrokerError>>, Vec<Option<IsrChange>>);
+
 /// Why a read gave no answer.
 enum ReadFailure {
     /// A cache-only read met bytes not in the page cache.
@@ -497,17 +501,29 @@ impl BrokerNode {
         let mut appended = self.partitions.subscribe_appends();
         loop {
             appended.borrow_and_update();
-            let this = self.clone();
-            let batch = targets.clone();
-            let (results, changes) = tokio::task::spawn_blocking(move || {
-                this.replica_read_all(follower, &batch, max_bytes)
-            })
-            .await
-            .unwrap_or_else(|e| {
-                let error =
-                    BrokerError::new(ErrorCode::UnknownServerError, format!("read task: {e}"));
-                (vec![Err(error); targets.len()], Vec::new())
-            });
+            // On this task when the bytes are in the page cache (recording the follower's
+            // progress twice, if a cold read sends the pass to a blocking thread, is
+            // harmless: the same offset again).
+            let (results, changes) =
+                match self.replica_read_all(follower, &targets, max_bytes, true) {
+                    Some(read) => read,
+                    None => {
+                        let this = self.clone();
+                        let batch = targets.clone();
+                        tokio::task::spawn_blocking(move || {
+                            this.replica_read_all(follower, &batch, max_bytes, false)
+                                .expect("reads that may wait always answer")
+                        })
+                        .await
+                        .unwrap_or_else(|e| {
+                            let error = BrokerError::new(
+                                ErrorCode::UnknownServerError,
+                                format!("read task: {e}"),
+                            );
+                            (vec![Err(error); targets.len()], Vec::new())
+                        })
+                    }
+                };
             // (A high watermark this moved wakes waiting consumers by itself.)
             for change in changes.into_iter().flatten() {
                 self.isr_changes.push(change);
@@ -530,9 +546,11 @@ impl BrokerNode {
         follower: BrokerId,
         targets: &[ReplicaFetchTarget],
         max_bytes: usize,
-    ) -> (Vec<Result<FetchData, BrokerError>>, Vec<Option<IsrChange>>) {
+        cached_only: bool,
+    ) -> Option<ReplicaReads> {
         let mut budget = max_bytes;
         let mut changes = Vec::new();
+        let mut not_cached = false;
         let results = targets
             .iter()
             .map(|t| {
@@ -587,20 +605,32 @@ impl BrokerNode {
                         log_end_offset: end,
                     }
                 } else {
-                    local
-                        .log
-                        .read(
-                            Offset(t.fetch_offset),
-                            t.max_bytes.min(budget).max(1),
-                            Isolation::LogEnd,
-                        )
-                        .map_err(|e| BrokerError::from_log(&local.name(), e))?
+                    let (offset, max) = (Offset(t.fetch_offset), t.max_bytes.min(budget).max(1));
+                    // Followers always get CRC-checked batches: corruption is found at
+                    // the leader, not spread.
+                    let read = if cached_only {
+                        local.log.read_cached(offset, max, Isolation::LogEnd, true)
+                    } else {
+                        local.log.read(offset, max, Isolation::LogEnd)
+                    };
+                    match read {
+                        Err(LogError::NotCached) => {
+                            not_cached = true;
+                            FetchData {
+                                records: bytes::Bytes::new(),
+                                high_watermark: local.log.high_watermark(),
+                                log_start_offset: start,
+                                log_end_offset: end,
+                            }
+                        }
+                        r => r.map_err(|e| BrokerError::from_log(&local.name(), e))?,
+                    }
                 };
                 budget = budget.saturating_sub(data.records.len());
                 Ok(data)
             })
             .collect();
-        (results, changes)
+        (!not_cached).then_some((results, changes))
     }
 
     /// Where `epoch` ends in the log of a partition this broker leads in `current_epoch`
