@@ -190,10 +190,11 @@ impl ProduceTally {
         match future.try_result() {
             Some(Ok(_)) => {
                 self.acked += 1;
-                if i % self.stride == 0 {
+                if i.is_multiple_of(self.stride) {
                     let at = future.completed_at().unwrap_or_else(Instant::now);
                     let us = at.saturating_duration_since(sent).as_micros();
-                    self.latencies_us.push(u32::try_from(us).unwrap_or(u32::MAX));
+                    self.latencies_us
+                        .push(u32::try_from(us).unwrap_or(u32::MAX));
                 }
             }
             Some(Err(e)) => {
@@ -270,9 +271,8 @@ async fn produce(
                 tally.settle(i, sent, f);
             }
         }
-        if i % 1024 == 0 && last_report.elapsed() >= Duration::from_secs(1) {
-            let rate =
-                (tally.acked - acked_at_report) as f64 / last_report.elapsed().as_secs_f64();
+        if i.is_multiple_of(1024) && last_report.elapsed() >= Duration::from_secs(1) {
+            let rate = (tally.acked - acked_at_report) as f64 / last_report.elapsed().as_secs_f64();
             eprintln!(
                 "{} records acknowledged, {rate:.0} records/s ({:.1} MB/s)",
                 tally.acked,

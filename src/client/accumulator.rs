@@ -608,8 +608,7 @@ mod tests {
             let mut appended: Vec<Vec<usize>> = vec![Vec::new(); 3];
             let mut drained: Vec<Vec<usize>> = vec![Vec::new(); 3];
             let mut reserved_total = 0;
-            let mut n = 0usize;
-            for (partition, len, drain) in ops {
+            for (n, (partition, len, drain)) in ops.into_iter().enumerate() {
                 let value = vec![b'x'; len];
                 let reserved = record_size_bound(None, Some(&value), &[]);
                 prop_assert!(acc.memory.try_acquire_many(reserved as u32).map(|p| p.forget()).is_ok());
@@ -617,7 +616,6 @@ mod tests {
                 let a = acc.append("t", partition, record(&value), reserved, false);
                 prop_assert!(a.index as usize <= appended[partition as usize].len() - drained[partition as usize].len());
                 appended[partition as usize].push(n);
-                n += 1;
                 if drain {
                     // Flush semantics: everything ready; one batch per partition per round.
                     acc.flushing.fetch_add(1, Ordering::AcqRel);
