@@ -245,7 +245,10 @@ async fn concurrent_sends_to_one_partition_get_contiguous_offsets_in_send_order(
             "task {t}: offsets follow send order: {offsets:?}"
         );
         for (i, o) in offsets.into_iter().enumerate() {
-            assert!(acked.insert(o, format!("t{t}-{i}")).is_none(), "offset {o} twice");
+            assert!(
+                acked.insert(o, format!("t{t}-{i}")).is_none(),
+                "offset {o} twice"
+            );
         }
     }
     let all: Vec<i64> = acked.keys().copied().collect();

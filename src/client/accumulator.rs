@@ -721,10 +721,15 @@ mod tests {
 
     #[tokio::test]
     async fn flush_waits_for_every_batch_that_exists() {
-        let acc = Arc::new(Accumulator::new(config(1 << 20, 1 << 20)));
+        let acc = Arc::new(Accumulator::new(AccumulatorConfig {
+            linger: Duration::from_secs(3600),
+            ..config(1 << 20, 1 << 20)
+        }));
         let value = vec![b'x'; 10];
         let a = acc.append("t", 0, record(&value), 100, false);
         acc.append("t", 1, record(&value), 100, false);
+        let (none, _) = acc.drain(Instant::now(), |_, _| true);
+        assert!(none.is_empty(), "not ready before the linger ends");
         let flush = {
             let acc = acc.clone();
             tokio::spawn(async move { acc.flush().await })
