@@ -33,6 +33,10 @@ use super::error::ClientError;
 use crate::error_code::ErrorCode;
 use crate::record::{BatchBuilder, Compression, RecordRef};
 
+/// Bytes a new batch's buffer starts with at most (its `batch_size` below that), so a
+/// huge `batch_size` does not allocate a huge buffer for every partition.
+const BATCH_PREALLOCATE_MAX: usize = 1024 * 1024;
+
 /// What the accumulator needs of the producer's settings.
 #[derive(Debug, Clone, Copy)]
 pub struct AccumulatorConfig {
@@ -324,7 +328,8 @@ impl Accumulator {
                 if !b.sealed {
                     b.sealed = true;
                     sealed_keyless = b.keyless;
-                    wake = true;
+                    // Sealing the front: it is ready now.
+                    wake = q.batches.len() == 1;
                 }
                 false
             }
@@ -336,7 +341,10 @@ impl Accumulator {
             self.incomplete.lock().insert(id, result.clone());
             q.batches.push_back(Batch {
                 id,
-                builder: BatchBuilder::new(self.config.compression),
+                builder: BatchBuilder::with_capacity(
+                    self.config.compression,
+                    self.config.batch_size.min(BATCH_PREALLOCATE_MAX),
+                ),
                 bytes: 0,
                 created: Instant::now(),
                 sealed: false,
@@ -344,7 +352,7 @@ impl Accumulator {
                 keyless: true,
                 result,
             });
-            wake = true;
+            wake |= q.batches.len() == 1;
         }
         let Some(batch) = q.batches.back_mut() else {
             unreachable!("the queue holds an open batch here")
@@ -354,12 +362,16 @@ impl Accumulator {
         batch.bytes += reserved;
         batch.oneway &= oneway;
         batch.keyless &= record.key.is_none();
-        if batch.bytes >= self.config.batch_size {
+        let full = batch.bytes >= self.config.batch_size;
+        if full {
             batch.sealed = true;
             sealed_keyless |= batch.keyless;
-            wake = true;
         }
         let result = batch.result.clone();
+        // Only a change at the front (a new front batch, or the front sealed) matters to the
+        // sender: a batch behind the front is looked at when the front leaves, as the
+        // sender drains again after every completion.
+        wake |= full && q.batches.len() == 1;
         drop(q);
         if wake {
             self.wakeup.notify_one();
