@@ -191,3 +191,116 @@ async fn the_same_retries_duplicate_without_idempotence() {
         stored.len()
     );
 }
+
+/// Sends from several tasks at once to one partition, in small batches so that many are
+/// queued behind each other: every record is acknowledged, each task's records at
+/// increasing offsets in the order it sent them, all together at the contiguous offsets
+/// 0..n, and the log holds each value at the offset it was acknowledged with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_sends_to_one_partition_get_contiguous_offsets_in_send_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_ports(1)[0];
+    let _server = standalone(dir.path(), port);
+    let bootstrap = format!("127.0.0.1:{port}");
+    let admin = AdminClient::new(vec![bootstrap.clone()], Duration::from_secs(10));
+    admin
+        .create_topic("order", Some(2), Some(1), Default::default())
+        .await
+        .unwrap();
+    let producer = Arc::new(Producer::new(
+        vec![bootstrap.clone()],
+        ProducerConfig {
+            acks: -1,
+            batch_size: 300,
+            linger: Duration::from_millis(1),
+            ..Default::default()
+        },
+    ));
+    const TASKS: usize = 4;
+    const PER_TASK: usize = 500;
+    let mut writers = Vec::new();
+    for t in 0..TASKS {
+        let producer = producer.clone();
+        writers.push(tokio::spawn(async move {
+            let mut futures = Vec::with_capacity(PER_TASK);
+            for i in 0..PER_TASK {
+                let mut r = record("order", format!("t{t}-{i}"));
+                r.partition = Some(1);
+                futures.push(producer.send(r).await);
+            }
+            let mut offsets = Vec::with_capacity(PER_TASK);
+            for f in futures {
+                let m = f.await.expect("acknowledged");
+                assert_eq!(m.partition, 1);
+                offsets.push(m.offset);
+            }
+            offsets
+        }));
+    }
+    let mut acked: BTreeMap<i64, String> = BTreeMap::new();
+    for (t, w) in writers.into_iter().enumerate() {
+        let offsets = w.await.unwrap();
+        assert!(
+            offsets.windows(2).all(|w| w[0] < w[1]),
+            "task {t}: offsets follow send order: {offsets:?}"
+        );
+        for (i, o) in offsets.into_iter().enumerate() {
+            assert!(
+                acked.insert(o, format!("t{t}-{i}")).is_none(),
+                "offset {o} twice"
+            );
+        }
+    }
+    let all: Vec<i64> = acked.keys().copied().collect();
+    assert_eq!(all, (0..(TASKS * PER_TASK) as i64).collect::<Vec<_>>());
+    let stored = read_all(std::slice::from_ref(&bootstrap), "order", 2).await;
+    assert_eq!(stored.len(), TASKS * PER_TASK);
+    for (p, o, v) in stored {
+        assert_eq!(p, 1);
+        assert_eq!(acked.get(&o), Some(&v), "offset {o}");
+    }
+}
+
+/// With a linger far beyond the test, only flush sends: when it returns, every record
+/// sent before it is acknowledged and stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn flush_sends_and_completes_everything_sent_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_ports(1)[0];
+    let _server = standalone(dir.path(), port);
+    let bootstrap = format!("127.0.0.1:{port}");
+    let admin = AdminClient::new(vec![bootstrap.clone()], Duration::from_secs(10));
+    admin
+        .create_topic("flush", Some(3), Some(1), Default::default())
+        .await
+        .unwrap();
+    let producer = Producer::new(
+        vec![bootstrap.clone()],
+        ProducerConfig {
+            linger: Duration::from_secs(3600),
+            batch_size: 1 << 20,
+            partitioning: tidelog::client::partitioner::Partitioning::RoundRobin,
+            ..Default::default()
+        },
+    );
+    let mut futures = Vec::new();
+    for i in 0..300 {
+        futures.push(producer.send(record("flush", format!("f{i}"))).await);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        futures.iter().all(|f| f.try_result().is_none()),
+        "nothing is sent before the linger ends or a flush"
+    );
+    tokio::time::timeout(Duration::from_secs(20), producer.flush())
+        .await
+        .expect("flush returns");
+    for f in &futures {
+        assert!(
+            matches!(f.try_result(), Some(Ok(_))),
+            "acknowledged when flush returns"
+        );
+    }
+    let stored = read_all(std::slice::from_ref(&bootstrap), "flush", 3).await;
+    assert_eq!(stored.len(), 300);
+}

@@ -86,6 +86,23 @@ impl Cluster {
         self.refresh(topic).await
     }
 
+    /// The partition count of `topic` if its routes are cached: the producer's hot path,
+    /// which neither awaits nor clones the route.
+    pub fn cached_partition_count(&self, topic: &str) -> Option<u32> {
+        self.routes
+            .read()
+            .get(topic)
+            .map(|r| r.leaders.len() as u32)
+    }
+
+    /// The cached leader of one partition, if known.
+    pub fn cached_leader(&self, topic: &str, partition: u32) -> Option<String> {
+        self.routes
+            .read()
+            .get(topic)
+            .and_then(|r| r.leaders.get(partition as usize).cloned().flatten())
+    }
+
     /// The leader of one partition (refreshing once when unknown).
     pub async fn leader(&self, topic: &str, partition: u32) -> Result<String, ClientError> {
         let route = self.route(topic).await?;

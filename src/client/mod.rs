@@ -1,12 +1,14 @@
 //! The Rust client: the CLI uses only this.
 //!
 //! - [`admin`]: topics and cluster state;
-//! - [`producer`], [`partitioner`]: batching producer and Kafka-compatible partitioning;
+//! - [`producer`], [`accumulator`], [`partitioner`]: batching producer (records encoded into
+//!   per-partition batches as they are sent) and Kafka-compatible partitioning;
 //! - [`consumer`]: manual assignment, seek and poll;
 //! - [`cluster`]: partition leaders from the Metadata RPC;
 //! - [`controller`]: the broker's side of the broker lifecycle API;
 //! - [`connection`]: bootstrap lists, channels, and the shared retry loop.
 
+pub mod accumulator;
 pub mod admin;
 pub mod cluster;
 pub mod connection;

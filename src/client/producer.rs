@@ -1,36 +1,59 @@
-//! The producer: per-partition batching (`batch_size`, `linger`), acks, at most one batch
-//! in flight per partition (so retries never reorder a partition) and a bound on batches in
-//! flight overall, retries of retriable errors with a metadata refresh, and the
-//! partitioners of [`super::partitioner`].
+//! The producer: records are encoded into per-partition batches by the
+//! [`super::accumulator`] as they are sent (`batch_size`, `linger`, `buffer_memory`), and
+//! one sender task sends ready batches, grouped per leader into one produce request of
+//! many partitions, with acks, at most one batch in flight per partition (so retries never
+//! reorder a partition), a bound on batches in flight overall, retries of retriable errors
+//! after a metadata refresh, and the partitioners of [`super::partitioner`].
 //!
 //! Send modes, as RocketMQ names them: [`Producer::send_sync`] waits for the
-//! acknowledgement; [`Producer::send`] (async) returns a future of it, and
+//! acknowledgement; [`Producer::send`] (async) returns a [`RecordFuture`] of it, and
 //! [`Producer::send_with_callback`] calls a closure with it; [`Producer::send_oneway`]
-//! fires and forgets (its batches go with acks=0). The records of a partition are encoded
-//! client-side into one RecordBatch per request.
+//! fires and forgets (batches holding only oneway records go with acks=0).
+//!
+//! The hot path of `send` does not await when the topic's metadata is cached and the
+//! buffer has room: it picks the partition, reserves the record's bytes and appends it to
+//! the partition's open batch under a short lock. The record's future is its batch's one
+//! completion plus its index in the batch.
 //!
 //! Idempotence (on by default, for acks 1 and all): the producer gets a producer id from
-//! the cluster and numbers each partition's records; a retried batch carries the same
-//! numbers, so the leader recognises a batch it already holds and answers with its
-//! original offsets instead of writing it twice. With one batch in flight per partition,
-//! retries never reorder either. When a batch finally fails (its outcome unknown), the
-//! producer takes a new producer id, so later batches start a fresh sequence.
+//! the cluster and numbers each partition's records when their batch is drained; a
+//! retried batch is resent byte for byte with the same numbers, so the leader recognises a
+//! batch it already holds and answers with its original offsets instead of writing it
+//! twice. With one batch in flight per partition, retries never reorder either: the next
+//! batch of a partition is drained only after the previous one is acknowledged or has
+//! finally failed. When a batch finally fails (its outcome unknown), the producer takes a
+//! new producer id, so later batches start a fresh sequence.
+//!
+//! Why not Kafka's five in flight per partition: produce requests are gRPC calls, which a
+//! server runs concurrently, so two in flight for a partition may be appended in either
+//! order; and a leader accepts any first sequence from a producer id it does not know.
+//! Together, a later batch could be written while the earlier one is refused — a reorder
+//! that sequence numbers alone cannot prevent here.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::task::JoinSet;
 
+use super::accumulator::{
+    self, record_size_bound, Accumulator, AccumulatorConfig, BatchResult, DrainedBatch,
+};
 use super::admin::AdminClient;
 use super::cluster::Cluster;
 use super::error::ClientError;
 use super::partitioner::{Partitioner, Partitioning};
 use crate::api::proto::broker_client::BrokerClient;
-use crate::api::proto::{PartitionProduceData, ProduceRequest, TopicProduceData};
+use crate::api::proto::{PartitionProduceData, ProduceRequest, ProduceResponse, TopicProduceData};
 use crate::error_code::ErrorCode;
 use crate::record::{BatchBuilder, Compression, RecordRef};
+
+/// Partitions one produce request may name (the broker's limit).
+const PARTITIONS_PER_REQUEST_MAX: usize = 1_000;
 
 /// Producer settings (Kafka's names in snake case).
 #[derive(Debug, Clone)]
@@ -41,7 +64,7 @@ pub struct ProducerConfig {
     pub batch_size: usize,
     /// ... or once its oldest record waited this long.
     pub linger: Duration,
-    /// Batches in flight over all partitions.
+    /// Batches in flight over all partitions (each partition has at most one).
     pub max_in_flight: usize,
     /// Retries of a batch on retriable errors.
     pub retries: u32,
@@ -59,6 +82,12 @@ pub struct ProducerConfig {
     pub request_timeout: Duration,
     /// Picks the partition of records without one (instead of `partitioning`).
     pub partition_selector: Option<PartitionSelector>,
+    /// Bytes that records waiting to be sent or acknowledged may hold; `send` waits
+    /// (backpressure) while they would exceed it (Kafka's `buffer.memory`).
+    pub buffer_memory: usize,
+    /// Largest produce request in bytes of batches (Kafka's `max.request.size`); a batch
+    /// larger than this goes alone.
+    pub max_request_size: usize,
 }
 
 /// A custom partition selector: given the record and the partition count, the partition.
@@ -96,6 +125,8 @@ impl Default for ProducerConfig {
             enable_idempotence: true,
             request_timeout: Duration::from_secs(30),
             partition_selector: None,
+            buffer_memory: 32 * 1024 * 1024,
+            max_request_size: 1024 * 1024,
         }
     }
 }
@@ -126,18 +157,92 @@ pub struct RecordMetadata {
     pub offset: i64,
 }
 
-type Delivery = oneshot::Sender<Result<RecordMetadata, ClientError>>;
-
-struct Pending {
-    record: ProducerRecord,
-    partition: u32,
-    done: Delivery,
-    oneway: bool,
+/// The future outcome of one sent record: its batch's completion and its index in it.
+///
+/// `Unpin` and allocation-free: waiting registers the task's waker with the batch.
+#[derive(Debug)]
+pub struct RecordFuture {
+    state: RecordState,
 }
 
-enum Command {
-    Send(ProducerRecord, Delivery, bool),
-    Flush(oneshot::Sender<()>),
+#[derive(Debug)]
+enum RecordState {
+    Batch {
+        batch: Arc<BatchResult>,
+        index: u32,
+        partition: u32,
+        registered: Option<Waker>,
+    },
+    Failed(ClientError),
+}
+
+impl RecordFuture {
+    fn failed(e: ClientError) -> Self {
+        Self {
+            state: RecordState::Failed(e),
+        }
+    }
+
+    /// The outcome if it is known now, without waiting.
+    pub fn try_result(&self) -> Option<Result<RecordMetadata, ClientError>> {
+        match &self.state {
+            RecordState::Failed(e) => Some(Err(e.clone())),
+            RecordState::Batch {
+                batch,
+                index,
+                partition,
+                ..
+            } => batch
+                .outcome()
+                .map(|o| metadata(&o.result, *index, *partition)),
+        }
+    }
+
+    /// When the outcome arrived (None while pending, or when the record never joined a
+    /// batch): lets a caller measure latency without waiting on every record.
+    pub fn completed_at(&self) -> Option<Instant> {
+        match &self.state {
+            RecordState::Failed(_) => None,
+            RecordState::Batch { batch, .. } => batch.outcome().map(|o| o.at),
+        }
+    }
+}
+
+fn metadata(
+    result: &Result<i64, ClientError>,
+    index: u32,
+    partition: u32,
+) -> Result<RecordMetadata, ClientError> {
+    match result {
+        Ok(base) => Ok(RecordMetadata {
+            partition,
+            offset: if *base < 0 {
+                -1
+            } else {
+                base + i64::from(index)
+            },
+        }),
+        Err(e) => Err(e.clone()),
+    }
+}
+
+impl Future for RecordFuture {
+    type Output = Result<RecordMetadata, ClientError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut self.state {
+            RecordState::Failed(e) => Poll::Ready(Err(e.clone())),
+            RecordState::Batch {
+                batch,
+                index,
+                partition,
+                registered,
+            } => match batch.register(cx.waker(), registered) {
+                Some(o) => Poll::Ready(metadata(&o.result, *index, *partition)),
+                None => Poll::Pending,
+            },
+        }
+    }
 }
 
 /// The idempotent producer identity, replaced after a batch finally fails.
@@ -151,9 +256,9 @@ struct Identity {
 
 /// A producer; cheap to share behind an `Arc`.
 pub struct Producer {
-    tx: mpsc::Sender<Command>,
-    task: tokio::task::JoinHandle<()>,
     shared: Arc<Shared>,
+    /// The sender task; aborted (with its requests) when the producer is dropped.
+    sender: tokio::task::JoinHandle<()>,
 }
 
 struct Shared {
@@ -161,7 +266,7 @@ struct Shared {
     admin: AdminClient,
     config: ProducerConfig,
     partitioner: Partitioner,
-    in_flight: Semaphore,
+    accumulator: Accumulator,
     identity: tokio::sync::Mutex<Option<Identity>>,
     generation: std::sync::atomic::AtomicU64,
 }
@@ -194,10 +299,14 @@ impl Shared {
             *guard = None;
         }
     }
-}
 
-/// Batches queued per partition before the accumulator waits.
-const PARTITION_QUEUE_BATCHES: usize = 64;
+    /// The partition for `record` from cached metadata, or None when the topic's routes
+    /// are not cached (the caller resolves them, awaiting).
+    fn cached_partition(&self, record: &ProducerRecord) -> Option<Result<u32, ClientError>> {
+        let count = self.cluster.cached_partition_count(&record.topic)?;
+        Some(choose_partition(self, record, count))
+    }
+}
 
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
@@ -212,14 +321,18 @@ impl Producer {
             cluster: Cluster::new(bootstrap.clone(), Duration::from_secs(30)),
             admin: AdminClient::new(bootstrap, Duration::from_secs(30)),
             partitioner: Partitioner::new(config.partitioning),
-            in_flight: Semaphore::new(config.max_in_flight.max(1)),
+            accumulator: Accumulator::new(AccumulatorConfig {
+                batch_size: config.batch_size.max(1),
+                linger: config.linger,
+                buffer_memory: config.buffer_memory,
+                compression: config.compression,
+            }),
             identity: tokio::sync::Mutex::new(None),
             generation: std::sync::atomic::AtomicU64::new(0),
             config,
         });
-        let (tx, rx) = mpsc::channel(4096);
-        let task = tokio::spawn(accumulate(shared.clone(), rx));
-        Self { tx, task, shared }
+        let sender = tokio::spawn(Sender::new(shared.clone()).run());
+        Self { shared, sender }
     }
 
     /// The partition count of `topic` (like Kafka's `partitionsFor`): fails at once with
@@ -237,11 +350,8 @@ impl Producer {
     }
 
     /// Async send: queues a record; the future resolves when it is acknowledged (or
-    /// failed).
-    pub async fn send(
-        &self,
-        record: ProducerRecord,
-    ) -> impl std::future::Future<Output = Result<RecordMetadata, ClientError>> {
+    /// failed). Waits only for metadata not cached yet and for buffer memory.
+    pub async fn send(&self, record: ProducerRecord) -> RecordFuture {
         self.queue(record, false).await
     }
 
@@ -266,100 +376,63 @@ impl Producer {
         drop(self.queue(record, true).await);
     }
 
-    async fn queue(
-        &self,
-        record: ProducerRecord,
-        oneway: bool,
-    ) -> impl std::future::Future<Output = Result<RecordMetadata, ClientError>> {
-        let (done, rx) = oneshot::channel();
-        let queued = self.tx.send(Command::Send(record, done, oneway)).await;
-        async move {
-            if queued.is_err() {
-                return Err(ClientError::new(
-                    ErrorCode::UnknownServerError,
-                    "producer is closed",
-                ));
-            }
-            rx.await.unwrap_or_else(|_| {
-                Err(ClientError::new(
-                    ErrorCode::UnknownServerError,
-                    "producer stopped before delivery",
-                ))
-            })
+    async fn queue(&self, record: ProducerRecord, oneway: bool) -> RecordFuture {
+        let shared = &self.shared;
+        let partition = match shared.cached_partition(&record) {
+            Some(p) => p,
+            None => resolve_partition(shared, &record).await,
+        };
+        let partition = match partition {
+            Ok(p) => p,
+            Err(e) => return RecordFuture::failed(e),
+        };
+        // No allocation for the common record without headers.
+        let headers: Vec<(&str, Option<&[u8]>)> = record
+            .headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_deref()))
+            .collect();
+        let (key, value) = (record.key.as_deref(), record.value.as_deref());
+        let reserved = record_size_bound(key, value, &headers);
+        if let Err(e) = shared.accumulator.reserve(reserved).await {
+            return RecordFuture::failed(e);
+        }
+        let appended = shared.accumulator.append(
+            &record.topic,
+            partition,
+            RecordRef {
+                timestamp: record.timestamp_ms.unwrap_or_else(now_ms),
+                key,
+                value,
+                headers: &headers,
+            },
+            reserved,
+            oneway,
+        );
+        if appended.sealed_keyless {
+            shared.partitioner.batch_done();
+        }
+        RecordFuture {
+            state: RecordState::Batch {
+                batch: appended.result,
+                index: appended.index,
+                partition,
+                registered: None,
+            },
         }
     }
 
-    /// Sends every queued record now (without waiting for linger).
+    /// Sends every queued record now (without waiting for linger) and waits until every
+    /// record sent before the call is acknowledged or failed.
     pub async fn flush(&self) {
-        let (tx, rx) = oneshot::channel();
-        if self.tx.send(Command::Flush(tx)).await.is_ok() {
-            let _ = rx.await;
-        }
+        self.shared.accumulator.flush().await;
     }
 }
 
 impl Drop for Producer {
     fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-/// The background task: groups records per partition and dispatches batches.
-async fn accumulate(shared: Arc<Shared>, mut rx: mpsc::Receiver<Command>) {
-    let mut batches: HashMap<(String, u32), (Vec<Pending>, usize, Instant)> = HashMap::new();
-    let mut senders: HashMap<(String, u32), mpsc::Sender<Vec<Pending>>> = HashMap::new();
-    let linger = shared.config.linger;
-    let mut tick = tokio::time::interval(linger.max(Duration::from_millis(1)));
-    loop {
-        tokio::select! {
-            command = rx.recv() => match command {
-                None => {
-                    for (key, (records, _, _)) in batches.drain() {
-                        dispatch(&shared, &mut senders, key, records).await;
-                    }
-                    return;
-                }
-                Some(Command::Flush(done)) => {
-                    for (key, (records, _, _)) in batches.drain() {
-                        dispatch(&shared, &mut senders, key, records).await;
-                    }
-                    let _ = done.send(());
-                }
-                Some(Command::Send(record, done, oneway)) => {
-                    let partition = match resolve_partition(&shared, &record).await {
-                        Ok(p) => p,
-                        Err(e) => {
-                            let _ = done.send(Err(e));
-                            continue;
-                        }
-                    };
-                    let size = record.key.as_ref().map_or(0, |k| k.len())
-                        + record.value.as_ref().map_or(0, |v| v.len())
-                        + 24;
-                    let key = (record.topic.clone(), partition);
-                    let entry = batches.entry(key.clone()).or_insert_with(|| (Vec::new(), 0, Instant::now()));
-                    entry.0.push(Pending { record, partition, done, oneway });
-                    entry.1 += size;
-                    if entry.1 >= shared.config.batch_size {
-                        if let Some((records, _, _)) = batches.remove(&key) {
-                            dispatch(&shared, &mut senders, key, records).await;
-                        }
-                    }
-                }
-            },
-            _ = tick.tick() => {
-                let due: Vec<(String, u32)> = batches
-                    .iter()
-                    .filter(|(_, (_, _, since))| since.elapsed() >= linger)
-                    .map(|(k, _)| k.clone())
-                    .collect();
-                for key in due {
-                    if let Some((records, _, _)) = batches.remove(&key) {
-                        dispatch(&shared, &mut senders, key, records).await;
-                    }
-                }
-            }
-        }
+        self.sender.abort();
+        self.shared.accumulator.fail_all(&accumulator::closed());
     }
 }
 
@@ -373,7 +446,16 @@ async fn resolve_partition(shared: &Shared, record: &ProducerRecord) -> Result<u
         }
         Err(e) => return Err(e),
     };
-    let count = route.leaders.len() as u32;
+    choose_partition(shared, record, route.leaders.len() as u32)
+}
+
+/// The partition of `record` among `count`: explicit, from the selector, or the
+/// partitioner's.
+fn choose_partition(
+    shared: &Shared,
+    record: &ProducerRecord,
+    count: u32,
+) -> Result<u32, ClientError> {
     match record.partition {
         Some(p) if p >= count => Err(ClientError::new(
             ErrorCode::UnknownTopicOrPartition,
@@ -383,6 +465,10 @@ async fn resolve_partition(shared: &Shared, record: &ProducerRecord) -> Result<u
             ),
         )),
         Some(p) => Ok(p),
+        None if count == 0 => Err(ClientError::new(
+            ErrorCode::UnknownTopicOrPartition,
+            format!("topic '{}' has no partitions", record.topic),
+        )),
         None => match &shared.config.partition_selector {
             Some(select) => {
                 let p = (select.0)(record, count);
@@ -402,193 +488,407 @@ async fn resolve_partition(shared: &Shared, record: &ProducerRecord) -> Result<u
     }
 }
 
-/// Queues a batch on its partition's sender, which sends batches one at a time, in order.
-async fn dispatch(
-    shared: &Arc<Shared>,
-    senders: &mut HashMap<(String, u32), mpsc::Sender<Vec<Pending>>>,
-    key: (String, u32),
-    records: Vec<Pending>,
-) {
-    if records.iter().all(|p| p.record.key.is_none()) {
-        shared.partitioner.batch_done();
-    }
-    let sender = senders.entry(key.clone()).or_insert_with(|| {
-        let (tx, rx) = mpsc::channel(PARTITION_QUEUE_BATCHES);
-        tokio::spawn(partition_sender(shared.clone(), key.clone(), rx));
-        tx
-    });
-    if let Err(mpsc::error::SendError(records)) = sender.send(records).await {
-        for p in records {
-            let _ = p.done.send(Err(ClientError::new(
-                ErrorCode::UnknownServerError,
-                "partition sender stopped",
-            )));
-        }
-    }
+/// A drained batch, encoded, between its first send and its completion.
+struct InFlight {
+    batch: DrainedBatch,
+    payload: Bytes,
+    acks: i32,
+    /// The producer id generation it was numbered under (None: not idempotent).
+    generation: Option<u64>,
+    attempts: u32,
+    /// Waiting to be resent at this time (None: a request is out).
+    retry_at: Option<Instant>,
 }
 
-/// Sends one partition's batches in order, one in flight at a time.
-async fn partition_sender(
+/// What a produce request task sends: one batch of one partition.
+struct Outgoing {
+    key: u64,
+    topic: String,
+    partition: u32,
+    payload: Bytes,
+}
+
+/// The sender's per-partition state.
+#[derive(Debug, Default, Clone, Copy)]
+struct PartitionSend {
+    /// A batch of the partition is in flight or waiting to be retried.
+    muted: bool,
+    /// (generation of the producer id, next sequence).
+    sequence: (u64, i32),
+}
+
+/// The sender task: drains ready batches, sends them grouped per leader, completes or
+/// retries them. Owns the state only it changes (muted partitions, sequences, batches in
+/// flight), so that needs no lock.
+struct Sender {
     shared: Arc<Shared>,
-    key: (String, u32),
-    mut rx: mpsc::Receiver<Vec<Pending>>,
-) {
-    // (generation of the producer id, next sequence) for this partition.
-    let mut sequence: (u64, i32) = (0, 0);
-    while let Some(records) = rx.recv().await {
-        let Ok(_permit) = shared.in_flight.acquire().await else {
-            return;
-        };
-        let acks = if records.iter().all(|p| p.oneway) {
-            0
-        } else {
-            shared.config.acks
-        };
-        let producer = if shared.config.enable_idempotence && acks != 0 {
-            match shared.identity().await {
-                Ok(identity) => {
-                    if identity.generation != sequence.0 {
-                        sequence = (identity.generation, 0);
+    partitions: HashMap<String, Vec<PartitionSend>>,
+    /// Batches out of the accumulator and not complete, by batch id.
+    in_flight: HashMap<u64, InFlight>,
+    /// The batches each request task carries, to fail them should the task die.
+    requests: HashMap<tokio::task::Id, Vec<u64>>,
+    tasks: JoinSet<Vec<(u64, Result<i64, ClientError>)>>,
+}
+
+impl Sender {
+    fn new(shared: Arc<Shared>) -> Self {
+        Self {
+            shared,
+            partitions: HashMap::new(),
+            in_flight: HashMap::new(),
+            requests: HashMap::new(),
+            tasks: JoinSet::new(),
+        }
+    }
+
+    fn partition(&mut self, topic: &str, partition: u32) -> &mut PartitionSend {
+        if !self.partitions.contains_key(topic) {
+            self.partitions.insert(topic.to_owned(), Vec::new());
+        }
+        let list = self
+            .partitions
+            .get_mut(topic)
+            .unwrap_or_else(|| unreachable!("inserted above"));
+        if list.len() <= partition as usize {
+            list.resize(partition as usize + 1, PartitionSend::default());
+        }
+        &mut list[partition as usize]
+    }
+
+    async fn run(mut self) {
+        loop {
+            let next = self.send_ready().await;
+            tokio::select! {
+                joined = self.tasks.join_next_with_id(), if !self.tasks.is_empty() => {
+                    match joined {
+                        Some(Ok((id, results))) => {
+                            self.requests.remove(&id);
+                            for (key, result) in results {
+                                self.finish(key, result).await;
+                            }
+                        }
+                        Some(Err(e)) => {
+                            let keys = self.requests.remove(&e.id()).unwrap_or_default();
+                            let error = ClientError::new(
+                                ErrorCode::UnknownServerError,
+                                format!("produce request task failed: {e}"),
+                            );
+                            for key in keys {
+                                self.finish(key, Err(error.clone())).await;
+                            }
+                        }
+                        None => {}
                     }
-                    Some((identity, sequence.1))
                 }
-                Err(e) => {
-                    for p in records {
-                        let _ = p.done.send(Err(e.clone()));
-                    }
-                    continue;
-                }
+                () = self.shared.accumulator.woken() => {}
+                () = sleep_until(next) => {}
             }
+        }
+    }
+
+    /// Sends what is due: retries whose backoff passed, then ready batches of partitions
+    /// with nothing in flight. Returns when to look again.
+    async fn send_ready(&mut self) -> Option<Instant> {
+        let now = Instant::now();
+        let config = &self.shared.config;
+        let in_flight_max = config.max_in_flight.max(1);
+        let mut next: Option<Instant> = None;
+        let mut outgoing: Vec<u64> = Vec::new();
+        for (key, f) in &mut self.in_flight {
+            match f.retry_at {
+                Some(at) if at <= now => {
+                    f.retry_at = None;
+                    outgoing.push(*key);
+                }
+                Some(at) => next = Some(next.map_or(at, |n| n.min(at))),
+                None => {}
+            }
+        }
+        let mut count = self.in_flight.len();
+        let partitions = &self.partitions;
+        let (drained, linger_end) = self.shared.accumulator.drain(now, |topic, partition| {
+            let muted = partitions
+                .get(topic)
+                .and_then(|l| l.get(partition as usize))
+                .is_some_and(|p| p.muted);
+            let take = accumulator::may_drain(true, muted, count, in_flight_max);
+            count += usize::from(take);
+            take
+        });
+        if let Some(at) = linger_end {
+            next = Some(next.map_or(at, |n| n.min(at)));
+        }
+        if !drained.is_empty() {
+            outgoing.extend(self.start(drained).await);
+        }
+        if !outgoing.is_empty() {
+            self.dispatch(outgoing);
+        }
+        next
+    }
+
+    /// Numbers (when idempotent) and encodes drained batches; returns their keys.
+    async fn start(&mut self, drained: Vec<DrainedBatch>) -> Vec<u64> {
+        let shared = self.shared.clone();
+        let config = &shared.config;
+        let idempotent = config.enable_idempotence && config.acks != 0;
+        let identity = if idempotent && drained.iter().any(|b| !b.oneway) {
+            Some(self.shared.identity().await)
         } else {
             None
         };
-        let result = send_batch(&shared, &key.0, key.1, &records, acks, producer).await;
-        if let Some((identity, first)) = producer {
-            match &result {
-                Ok(_) => {
-                    sequence.1 = first.wrapping_add(records.len() as i32) & i32::MAX;
-                }
-                Err(e) => {
-                    tracing::debug!(topic = %key.0, partition = key.1, error = %e, "batch failed; taking a new producer id");
-                    shared.abandon_identity(identity.generation).await;
-                }
+        let mut keys = Vec::with_capacity(drained.len());
+        for mut batch in drained {
+            if batch.keyless_unsealed {
+                self.shared.partitioner.batch_done();
             }
-        }
-        for (i, p) in records.into_iter().enumerate() {
-            let r = result.clone().map(|base| RecordMetadata {
-                partition: p.partition,
-                offset: if base < 0 { -1 } else { base + i as i64 },
-            });
-            let _ = p.done.send(r);
-        }
-    }
-}
-
-fn encode(
-    records: &[Pending],
-    compression: Compression,
-    producer: Option<(Identity, i32)>,
-) -> Result<Bytes, ClientError> {
-    let now = now_ms();
-    let mut builder = BatchBuilder::new(compression);
-    if let Some((identity, first)) = producer {
-        builder = builder.producer(identity.producer_id, identity.epoch, first);
-    }
-    let mut headers: Vec<(&str, Option<&[u8]>)> = Vec::new();
-    for p in records {
-        headers.clear();
-        headers.extend(
-            p.record
-                .headers
-                .iter()
-                .map(|(k, v)| (k.as_str(), v.as_deref())),
-        );
-        builder.push(RecordRef {
-            timestamp: p.record.timestamp_ms.unwrap_or(now),
-            key: p.record.key.as_deref(),
-            value: p.record.value.as_deref(),
-            headers: &headers,
-        });
-    }
-    builder.build(0).map(Bytes::from).map_err(|e| {
-        ClientError::new(
-            ErrorCode::InvalidRequest,
-            format!("cannot encode records: {e}"),
-        )
-    })
-}
-
-/// Sends one batch, retrying retriable errors (with the same bytes, so an idempotent
-/// batch keeps its sequence numbers); returns the base offset.
-async fn send_batch(
-    shared: &Shared,
-    topic: &str,
-    partition: u32,
-    records: &[Pending],
-    acks: i32,
-    producer: Option<(Identity, i32)>,
-) -> Result<i64, ClientError> {
-    let bytes = encode(records, shared.config.compression, producer)?;
-    let deadline = Instant::now() + shared.config.delivery_timeout;
-    let mut attempt = 0u32;
-    loop {
-        let outcome = async {
-            let leader = shared.cluster.leader(topic, partition).await?;
-            let channel = shared.cluster.connection().channel(&leader)?;
-            let request = ProduceRequest {
-                acks: Some(acks),
-                timeout_ms: shared.config.request_timeout.as_millis() as u32,
-                topics: vec![TopicProduceData {
-                    topic: topic.to_owned(),
-                    partitions: vec![PartitionProduceData {
-                        partition,
-                        records: Vec::new(),
-                        record_batches: bytes.clone(),
-                        compression: 0,
-                    }],
-                }],
+            let acks = if batch.oneway { 0 } else { config.acks };
+            let builder =
+                std::mem::replace(&mut batch.builder, BatchBuilder::new(Compression::None));
+            let count = builder.len() as i32;
+            let (builder, generation) = match (&identity, acks) {
+                (Some(Err(e)), a) if a != 0 => {
+                    self.shared.accumulator.complete(&batch, Err(e.clone()));
+                    continue;
+                }
+                (Some(Ok(identity)), a) if a != 0 => {
+                    let state = self.partition(&batch.topic, batch.partition);
+                    if state.sequence.0 != identity.generation {
+                        state.sequence = (identity.generation, 0);
+                    }
+                    let first = state.sequence.1;
+                    state.sequence.1 = first.wrapping_add(count) & i32::MAX;
+                    (
+                        builder.producer(identity.producer_id, identity.epoch, first),
+                        Some(identity.generation),
+                    )
+                }
+                _ => (builder, None),
             };
-            let mut client = BrokerClient::new(channel);
-            let response =
-                tokio::time::timeout(shared.config.request_timeout, client.produce(request))
-                    .await
-                    .map_err(|_| {
-                        ClientError::new(
-                            ErrorCode::RequestTimedOut,
-                            format!(
-                                "no produce answer within {} ms",
-                                shared.config.request_timeout.as_millis()
-                            ),
-                        )
-                    })?
-                    .map_err(ClientError::from)?
-                    .into_inner();
-            let p = response
-                .topics
-                .first()
-                .and_then(|t| t.partitions.first())
-                .ok_or_else(|| {
-                    ClientError::new(ErrorCode::UnknownServerError, "empty produce response")
-                })?;
-            if let Some(e) = ClientError::from_partition(p.error_code, &p.error_message) {
-                return Err(e);
-            }
-            Ok(p.base_offset)
+            let payload = match builder.build(0) {
+                Ok(bytes) => Bytes::from(bytes),
+                Err(e) => {
+                    let e = ClientError::new(
+                        ErrorCode::InvalidRequest,
+                        format!("cannot encode records: {e}"),
+                    );
+                    self.shared.accumulator.complete(&batch, Err(e));
+                    continue;
+                }
+            };
+            self.partition(&batch.topic, batch.partition).muted = true;
+            let key = batch.id();
+            keys.push(key);
+            self.in_flight.insert(
+                key,
+                InFlight {
+                    batch,
+                    payload,
+                    acks,
+                    generation,
+                    attempts: 0,
+                    retry_at: None,
+                },
+            );
         }
-        .await;
-        match outcome {
-            Ok(base) => return Ok(base),
+        keys
+    }
+
+    /// Groups batches per (leader, acks) into requests of at most `max_request_size`
+    /// bytes and spawns one task per request.
+    fn dispatch(&mut self, keys: Vec<u64>) {
+        let max_bytes = self.shared.config.max_request_size.max(1);
+        let mut groups: HashMap<(String, i32), Vec<Vec<Outgoing>>> = HashMap::new();
+        let mut leaderless: Vec<(i32, Outgoing)> = Vec::new();
+        for key in keys {
+            let Some(f) = self.in_flight.get(&key) else {
+                continue;
+            };
+            let out = Outgoing {
+                key,
+                topic: f.batch.topic.clone(),
+                partition: f.batch.partition,
+                payload: f.payload.clone(),
+            };
+            match self
+                .shared
+                .cluster
+                .cached_leader(&f.batch.topic, f.batch.partition)
+            {
+                Some(leader) => {
+                    let requests = groups.entry((leader, f.acks)).or_default();
+                    let open = requests.last().is_some_and(|r| {
+                        r.len() < PARTITIONS_PER_REQUEST_MAX
+                            && r.iter().map(|o| o.payload.len()).sum::<usize>() + out.payload.len()
+                                <= max_bytes
+                    });
+                    if open {
+                        if let Some(r) = requests.last_mut() {
+                            r.push(out);
+                        }
+                    } else {
+                        requests.push(vec![out]);
+                    }
+                }
+                None => leaderless.push((f.acks, out)),
+            }
+        }
+        let requests = groups
+            .into_iter()
+            .flat_map(|((leader, acks), rs)| {
+                rs.into_iter().map(move |r| (Some(leader.clone()), acks, r))
+            })
+            .chain(
+                leaderless
+                    .into_iter()
+                    .map(|(acks, o)| (None, acks, vec![o])),
+            );
+        for (leader, acks, batches) in requests {
+            let keys = batches.iter().map(|o| o.key).collect();
+            let handle = self
+                .tasks
+                .spawn(produce(self.shared.clone(), leader, acks, batches));
+            self.requests.insert(handle.id(), keys);
+        }
+    }
+
+    /// Completes a batch, or schedules its retry with the same bytes.
+    async fn finish(&mut self, key: u64, result: Result<i64, ClientError>) {
+        let Some(mut f) = self.in_flight.remove(&key) else {
+            return;
+        };
+        let shared = self.shared.clone();
+        let config = &shared.config;
+        match result {
             Err(e)
                 if e.is_retriable()
-                    && attempt < shared.config.retries
-                    && Instant::now() < deadline =>
+                    && f.attempts < config.retries
+                    && Instant::now() < f.batch.created + config.delivery_timeout =>
             {
-                attempt += 1;
-                tracing::debug!(%topic, partition, error = %e, attempt, "produce failed; retrying");
-                let _ = shared.cluster.refresh(topic).await;
-                tokio::time::sleep(shared.config.retry_backoff).await;
+                f.attempts += 1;
+                tracing::debug!(topic = %f.batch.topic, partition = f.batch.partition, error = %e, attempt = f.attempts, "produce failed; retrying");
+                f.retry_at = Some(Instant::now() + config.retry_backoff);
+                self.in_flight.insert(key, f);
             }
-            Err(e) => return Err(e),
+            result => {
+                if let (Err(e), Some(generation)) = (&result, f.generation) {
+                    tracing::debug!(topic = %f.batch.topic, partition = f.batch.partition, error = %e, "batch failed; taking a new producer id");
+                    self.shared.abandon_identity(generation).await;
+                }
+                self.shared.accumulator.complete(&f.batch, result);
+                self.partition(&f.batch.topic, f.batch.partition).muted = false;
+            }
         }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// One produce request: its batches' results (base offset or error), after a metadata
+/// refresh of every topic that had a retriable error.
+async fn produce(
+    shared: Arc<Shared>,
+    leader: Option<String>,
+    acks: i32,
+    batches: Vec<Outgoing>,
+) -> Vec<(u64, Result<i64, ClientError>)> {
+    let results: Vec<(u64, Result<i64, ClientError>)> =
+        match send_request(&shared, leader, acks, &batches).await {
+            Ok(response) => batches
+                .iter()
+                .map(|b| (b.key, answer(&response, &b.topic, b.partition)))
+                .collect(),
+            Err(e) => batches.iter().map(|b| (b.key, Err(e.clone()))).collect(),
+        };
+    let mut refreshed: Vec<&str> = Vec::new();
+    for (b, (_, r)) in batches.iter().zip(&results) {
+        if r.as_ref().is_err_and(ClientError::is_retriable)
+            && !refreshed.contains(&b.topic.as_str())
+        {
+            refreshed.push(&b.topic);
+            let _ = shared.cluster.refresh(&b.topic).await;
+        }
+    }
+    results
+}
+
+async fn send_request(
+    shared: &Shared,
+    leader: Option<String>,
+    acks: i32,
+    batches: &[Outgoing],
+) -> Result<ProduceResponse, ClientError> {
+    let leader = match (leader, batches.first()) {
+        (Some(l), _) => l,
+        (None, Some(b)) => shared.cluster.leader(&b.topic, b.partition).await?,
+        (None, None) => {
+            return Err(ClientError::new(
+                ErrorCode::InvalidRequest,
+                "a produce request without batches",
+            ))
+        }
+    };
+    let channel = shared.cluster.connection().channel(&leader)?;
+    let mut topics: Vec<TopicProduceData> = Vec::new();
+    for b in batches {
+        let data = PartitionProduceData {
+            partition: b.partition,
+            records: Vec::new(),
+            record_batches: b.payload.clone(),
+            compression: 0,
+        };
+        match topics.iter_mut().find(|t| t.topic == b.topic) {
+            Some(t) => t.partitions.push(data),
+            None => topics.push(TopicProduceData {
+                topic: b.topic.clone(),
+                partitions: vec![data],
+            }),
+        }
+    }
+    let request = ProduceRequest {
+        acks: Some(acks),
+        timeout_ms: shared.config.request_timeout.as_millis() as u32,
+        topics,
+    };
+    let mut client = BrokerClient::new(channel);
+    Ok(
+        tokio::time::timeout(shared.config.request_timeout, client.produce(request))
+            .await
+            .map_err(|_| {
+                ClientError::new(
+                    ErrorCode::RequestTimedOut,
+                    format!(
+                        "no produce answer within {} ms",
+                        shared.config.request_timeout.as_millis()
+                    ),
+                )
+            })?
+            .map_err(ClientError::from)?
+            .into_inner(),
+    )
+}
+
+/// A partition's result in a produce response: its base offset, or its error.
+fn answer(response: &ProduceResponse, topic: &str, partition: u32) -> Result<i64, ClientError> {
+    let p = response
+        .topics
+        .iter()
+        .filter(|t| t.topic == topic)
+        .flat_map(|t| &t.partitions)
+        .find(|p| p.partition == partition)
+        .ok_or_else(|| {
+            ClientError::new(
+                ErrorCode::UnknownServerError,
+                format!("the produce response has no result for {topic}-{partition}"),
+            )
+        })?;
+    match ClientError::from_partition(p.error_code, &p.error_message) {
+        Some(e) => Err(e),
+        None => Ok(p.base_offset),
     }
 }

@@ -40,6 +40,15 @@ impl BatchBuilder {
         }
     }
 
+    /// The same with room for `records_bytes` of encoded records, so that filling a batch
+    /// of known size (the producer's `batch_size`) never reallocates and copies.
+    pub fn with_capacity(compression: Compression, records_bytes: usize) -> Self {
+        Self {
+            records: Vec::with_capacity(records_bytes),
+            ..Self::new(compression)
+        }
+    }
+
     /// Sets the idempotent producer fields.
     pub fn producer(mut self, producer_id: i64, producer_epoch: i16, base_sequence: i32) -> Self {
         self.producer_id = producer_id;
