@@ -9,7 +9,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{fetch_partition0, free_ports, Proc, FAST_RAFT};
+use common::{fetch_partition0, free_ports, standalone_with};
 use tidelog::api::proto::broker_client::BrokerClient;
 use tidelog::api::proto::raft_client::RaftClient;
 use tidelog::api::proto::{
@@ -93,25 +93,18 @@ async fn hostile_clients_neither_break_the_server_nor_lose_records() {
     let address = format!("127.0.0.1:{port}");
     let handshake = HANDSHAKE_TIMEOUT_MS.to_string();
     let connections = CONNECTIONS_MAX.to_string();
-    let env: Vec<(&str, &str)> = FAST_RAFT
-        .iter()
-        .copied()
-        .chain([
+    let server = standalone_with(
+        dir.path(),
+        port,
+        &[
             (
                 "TIDELOG_CONNECTION_HANDSHAKE_TIMEOUT_MS",
                 handshake.as_str(),
             ),
             ("TIDELOG_CONNECTIONS_MAX", connections.as_str()),
             ("TIDELOG_MAX_REQUEST_BYTES", "4194304"),
-        ])
-        .collect();
-    let args = vec![
-        "--data-dir".to_owned(),
-        dir.path().join("data").display().to_string(),
-        "--listen".to_owned(),
-        address.clone(),
-    ];
-    let server = Proc::start("standalone", &args, &env, dir.path());
+        ],
+    );
     AdminClient::new(vec![address.clone()], Duration::from_secs(10))
         .create_topic("target", Some(1), Some(1), Default::default())
         .await
@@ -239,19 +232,13 @@ async fn hostile_clients_neither_break_the_server_nor_lose_records() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_are_closed_and_clients_reconnect() {
     let dir = tempfile::tempdir().unwrap();
-    let address = format!("127.0.0.1:{}", free_ports(1)[0]);
-    let env: Vec<(&str, &str)> = FAST_RAFT
-        .iter()
-        .copied()
-        .chain([("TIDELOG_CONNECTIONS_MAX_IDLE_MS", "2000")])
-        .collect();
-    let args = vec![
-        "--data-dir".to_owned(),
-        dir.path().join("data").display().to_string(),
-        "--listen".to_owned(),
-        address.clone(),
-    ];
-    let _server = Proc::start("standalone", &args, &env, dir.path());
+    let port = free_ports(1)[0];
+    let address = format!("127.0.0.1:{port}");
+    let _server = standalone_with(
+        dir.path(),
+        port,
+        &[("TIDELOG_CONNECTIONS_MAX_IDLE_MS", "2000")],
+    );
     AdminClient::new(vec![address.clone()], Duration::from_secs(10))
         .create_topic("idle", Some(1), Some(1), Default::default())
         .await
