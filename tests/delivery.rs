@@ -14,6 +14,20 @@ use common::{free_ports, read_all, standalone, Proc};
 use tidelog::client::producer::{PartitionSelector, Producer, ProducerConfig, ProducerRecord};
 use tidelog::client::AdminClient;
 
+/// A standalone server holding `topic` (`partitions` partitions, one replica): its data
+/// directory (removed on drop), the process and its address.
+async fn server_with_topic(topic: &str, partitions: u32) -> (tempfile::TempDir, Proc, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_ports(1)[0];
+    let server = standalone(dir.path(), port);
+    let bootstrap = format!("127.0.0.1:{port}");
+    AdminClient::new(vec![bootstrap.clone()], Duration::from_secs(10))
+        .create_topic(topic, Some(partitions), Some(1), Default::default())
+        .await
+        .unwrap();
+    (dir, server, bootstrap)
+}
+
 fn record(topic: &str, value: String) -> ProducerRecord {
     ProducerRecord {
         topic: topic.to_owned(),
@@ -77,15 +91,7 @@ async fn produce_through_pauses(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn retried_requests_never_duplicate_with_idempotence() {
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_ports(1)[0];
-    let server = standalone(dir.path(), port);
-    let bootstrap = format!("127.0.0.1:{port}");
-    let admin = AdminClient::new(vec![bootstrap.clone()], Duration::from_secs(10));
-    admin
-        .create_topic("idem", Some(3), Some(1), Default::default())
-        .await
-        .unwrap();
+    let (_dir, server, bootstrap) = server_with_topic("idem", 3).await;
 
     let (acked, stored) = produce_through_pauses(&server, &bootstrap, "idem", true).await;
     assert_eq!(acked.len(), 3000);
@@ -108,15 +114,7 @@ async fn retried_requests_never_duplicate_with_idempotence() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn send_modes_and_a_custom_partition_selector() {
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_ports(1)[0];
-    let _server = standalone(dir.path(), port);
-    let bootstrap = format!("127.0.0.1:{port}");
-    let admin = AdminClient::new(vec![bootstrap.clone()], Duration::from_secs(10));
-    admin
-        .create_topic("modes", Some(4), Some(1), Default::default())
-        .await
-        .unwrap();
+    let (_dir, _server, bootstrap) = server_with_topic("modes", 4).await;
     // The selector sends a record to the partition named by its value's last digit.
     let producer = Producer::new(
         vec![bootstrap.clone()],
@@ -174,15 +172,7 @@ async fn send_modes_and_a_custom_partition_selector() {
 /// scenario above really retries requests the server had already received.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_same_retries_duplicate_without_idempotence() {
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_ports(1)[0];
-    let server = standalone(dir.path(), port);
-    let bootstrap = format!("127.0.0.1:{port}");
-    let admin = AdminClient::new(vec![bootstrap.clone()], Duration::from_secs(10));
-    admin
-        .create_topic("dup", Some(3), Some(1), Default::default())
-        .await
-        .unwrap();
+    let (_dir, server, bootstrap) = server_with_topic("dup", 3).await;
     let (acked, stored) = produce_through_pauses(&server, &bootstrap, "dup", false).await;
     assert_eq!(acked.len(), 3000);
     assert!(
@@ -198,15 +188,7 @@ async fn the_same_retries_duplicate_without_idempotence() {
 /// 0..n, and the log holds each value at the offset it was acknowledged with.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_sends_to_one_partition_get_contiguous_offsets_in_send_order() {
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_ports(1)[0];
-    let _server = standalone(dir.path(), port);
-    let bootstrap = format!("127.0.0.1:{port}");
-    let admin = AdminClient::new(vec![bootstrap.clone()], Duration::from_secs(10));
-    admin
-        .create_topic("order", Some(2), Some(1), Default::default())
-        .await
-        .unwrap();
+    let (_dir, _server, bootstrap) = server_with_topic("order", 2).await;
     let producer = Arc::new(Producer::new(
         vec![bootstrap.clone()],
         ProducerConfig {
@@ -265,15 +247,7 @@ async fn concurrent_sends_to_one_partition_get_contiguous_offsets_in_send_order(
 /// sent before it is acknowledged and stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn flush_sends_and_completes_everything_sent_before_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_ports(1)[0];
-    let _server = standalone(dir.path(), port);
-    let bootstrap = format!("127.0.0.1:{port}");
-    let admin = AdminClient::new(vec![bootstrap.clone()], Duration::from_secs(10));
-    admin
-        .create_topic("flush", Some(3), Some(1), Default::default())
-        .await
-        .unwrap();
+    let (_dir, _server, bootstrap) = server_with_topic("flush", 3).await;
     let producer = Producer::new(
         vec![bootstrap.clone()],
         ProducerConfig {
