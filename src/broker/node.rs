@@ -10,7 +10,7 @@ use super::metadata_cache::MetadataCache;
 use super::partition_manager::{LocalPartition, PartitionManager};
 use super::producer_ids::ProducerIdBlocks;
 use crate::error_code::ErrorCode;
-use crate::partition::{FetchData, Isolation, LogError};
+use crate::partition::{FetchData, Isolation, LogError, ReadOptions};
 use crate::replication::isr_queue::IsrChangeQueue;
 use crate::replication::IsrChange;
 use crate::topic_config::TopicConfig;
@@ -370,22 +370,16 @@ impl BrokerNode {
                 ),
             )));
         }
-        let (offset, verify_crc) = (Offset(target.offset), self.limits.verify_crc_on_read);
-        let read = if cached_only {
-            local.log.read_cached(
-                offset,
-                target.max_bytes,
-                Isolation::HighWatermark,
-                verify_crc,
-            )
-        } else {
-            local.log.read_with(
-                offset,
-                target.max_bytes,
-                Isolation::HighWatermark,
-                verify_crc,
-            )
+        let options = ReadOptions {
+            verify_crc: self.limits.verify_crc_on_read,
+            cached_only,
         };
+        let read = local.log.read_with(
+            Offset(target.offset),
+            target.max_bytes,
+            Isolation::HighWatermark,
+            options,
+        );
         read.map_err(|e| match e {
             LogError::NotCached => ReadFailure::NotCached,
             e => ReadFailure::Broker(BrokerError::from_log(&local.name(), e)),
@@ -608,11 +602,11 @@ impl BrokerNode {
                     let (offset, max) = (Offset(t.fetch_offset), t.max_bytes.min(budget).max(1));
                     // Followers always get CRC-checked batches: corruption is found at
                     // the leader, not spread.
-                    let read = if cached_only {
-                        local.log.read_cached(offset, max, Isolation::LogEnd, true)
-                    } else {
-                        local.log.read(offset, max, Isolation::LogEnd)
+                    let options = ReadOptions {
+                        verify_crc: true,
+                        cached_only,
                     };
+                    let read = local.log.read_with(offset, max, Isolation::LogEnd, options);
                     match read {
                         Err(LogError::NotCached) => {
                             not_cached = true;

@@ -52,6 +52,27 @@ pub enum Isolation {
     LogEnd,
 }
 
+/// How a read may go about it ([`PartitionLog::read_with`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadOptions {
+    /// Check the CRC of every returned batch (default). Whole batches are returned
+    /// either way, and lengths and offsets are always checked.
+    pub verify_crc: bool,
+    /// Never wait for the disk: fail with [`LogError::NotCached`] unless every byte is in
+    /// the page cache, so an async task can serve the common case itself and hand only
+    /// cold reads to a blocking thread.
+    pub cached_only: bool,
+}
+
+impl Default for ReadOptions {
+    fn default() -> Self {
+        Self {
+            verify_crc: true,
+            cached_only: false,
+        }
+    }
+}
+
 /// The bytes of a read and the log's offsets at that moment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FetchData {
@@ -960,48 +981,22 @@ impl PartitionLog {
         max_bytes: usize,
         isolation: Isolation,
     ) -> Result<FetchData, LogError> {
-        self.read_with(offset, max_bytes, isolation, true)
+        self.read_with(offset, max_bytes, isolation, ReadOptions::default())
     }
 
-    /// [`PartitionLog::read`], checking batch CRCs only with `verify_crc` (a broker serving
-    /// consumers that check them leaves it off; whole batches are still returned, and
-    /// batch lengths and offsets are still checked).
+    /// [`PartitionLog::read`] with [`ReadOptions`]: a broker serving consumers (which
+    /// check CRCs themselves) skips the CRC check, and an async caller asks for a read
+    /// that never waits for the disk ([`LogError::NotCached`] instead).
     pub fn read_with(
         &self,
         offset: Offset,
         max_bytes: usize,
         isolation: Isolation,
-        verify_crc: bool,
-    ) -> Result<FetchData, LogError> {
-        self.read_inner(offset, max_bytes, isolation, verify_crc, false)
-    }
-
-    /// [`PartitionLog::read_with`] that never waits for the disk: fails with
-    /// [`LogError::NotCached`] when the bytes are not all in the page cache, so an async
-    /// task can serve the common case itself and hand only cold reads to a blocking
-    /// thread.
-    pub fn read_cached(
-        &self,
-        offset: Offset,
-        max_bytes: usize,
-        isolation: Isolation,
-        verify_crc: bool,
-    ) -> Result<FetchData, LogError> {
-        self.read_inner(offset, max_bytes, isolation, verify_crc, true)
-    }
-
-    fn read_inner(
-        &self,
-        offset: Offset,
-        max_bytes: usize,
-        isolation: Isolation,
-        verify_crc: bool,
-        cached_only: bool,
+        options: ReadOptions,
     ) -> Result<FetchData, LogError> {
         for _ in 0..READ_ATTEMPTS {
             let generation = self.generation.load(Ordering::Acquire);
-            let once = self.read_once(offset.0, max_bytes, isolation, verify_crc, cached_only);
-            if let Some(data) = once? {
+            if let Some(data) = self.read_once(offset.0, max_bytes, isolation, options)? {
                 if self.generation.load(Ordering::Acquire) == generation {
                     return Ok(data);
                 }
@@ -1022,9 +1017,12 @@ impl PartitionLog {
         offset: u64,
         max_bytes: usize,
         isolation: Isolation,
-        verify_crc: bool,
-        cached_only: bool,
+        options: ReadOptions,
     ) -> Result<Option<FetchData>, LogError> {
+        let ReadOptions {
+            verify_crc,
+            cached_only,
+        } = options;
         // Locate the bytes under the read lock; read them after releasing it.
         let (file, path, position, first_size, segment_end, bound, mut data) = {
             let state = self.state.read();

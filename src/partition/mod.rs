@@ -40,7 +40,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use damage::{DamageKind, DamageReport, DamagedRange};
 pub use epoch_cache::{EpochEntry, LeaderEpochCache};
 pub use loader::{lock_data_dir, DirLock};
-pub use log::{AppendInfo, FetchData, Isolation, PartitionLog, RetentionOutcome};
+pub use log::{AppendInfo, FetchData, Isolation, PartitionLog, ReadOptions, RetentionOutcome};
 pub use retention::{segments_to_delete, SegmentSummary};
 pub use validate::MAX_UNCOMPRESSED_BATCH_BYTES;
 
@@ -50,7 +50,7 @@ use crate::topic_config::ConfigError;
 /// Why a partition operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum LogError {
-    /// A cache-only read ([`PartitionLog::read_cached`]) found bytes that are not in the
+    /// A cache-only read ([`ReadOptions::cached_only`]) found bytes that are not in the
     /// page cache; the caller reads again on a blocking thread. Never sent to clients.
     #[error("the data is not in the page cache")]
     NotCached,

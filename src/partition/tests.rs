@@ -1043,7 +1043,15 @@ fn a_corrupt_sealed_segment_is_reported_on_read_not_served() {
     // Without the CRC check (a broker serving consumers, which check it) the batch is
     // returned as stored, whole, and the consumer's check catches it.
     let unchecked = log
-        .read_with(Offset(0), 1 << 20, Isolation::LogEnd, false)
+        .read_with(
+            Offset(0),
+            1 << 20,
+            Isolation::LogEnd,
+            ReadOptions {
+                verify_crc: false,
+                cached_only: false,
+            },
+        )
         .unwrap();
     let first_batch = BatchIter::new(&unchecked.records).next().unwrap().unwrap();
     assert!(first_batch.verify_crc().is_err());
@@ -1569,6 +1577,11 @@ fn sealed_segments_hold_a_descriptor_only_while_read() {
     }
 }
 
+const CACHED_ONLY: ReadOptions = ReadOptions {
+    verify_crc: true,
+    cached_only: true,
+};
+
 #[test]
 fn a_cache_only_read_serves_cached_bytes_and_refuses_cold_ones() {
     let dir = tempfile::tempdir().unwrap();
@@ -1577,14 +1590,14 @@ fn a_cache_only_read_serves_cached_bytes_and_refuses_cold_ones() {
     if crate::segment::read_vec_at_most(&probe, 0, 1, true).is_err() {
         // No RWF_NOWAIT on this file system: every fetch takes the blocking path.
         assert!(matches!(
-            log.read_cached(Offset(0), 1 << 20, Isolation::LogEnd, true),
+            log.read_with(Offset(0), 1 << 20, Isolation::LogEnd, CACHED_ONLY),
             Err(LogError::NotCached)
         ));
         return;
     }
     // Just written: in the page cache.
     let cached = log
-        .read_cached(Offset(0), 1 << 20, Isolation::LogEnd, true)
+        .read_with(Offset(0), 1 << 20, Isolation::LogEnd, CACHED_ONLY)
         .unwrap();
     assert_eq!(
         cached,
@@ -1603,7 +1616,7 @@ fn a_cache_only_read_serves_cached_bytes_and_refuses_cold_ones() {
             unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
         }
     }
-    match log.read_cached(Offset(0), 1 << 20, Isolation::LogEnd, true) {
+    match log.read_with(Offset(0), 1 << 20, Isolation::LogEnd, CACHED_ONLY) {
         Err(LogError::NotCached) => {}
         // Some file systems (tmpfs) keep everything in memory: nothing to evict.
         Ok(data) => assert!(!data.records.is_empty()),

@@ -308,31 +308,10 @@ impl LocalPartition {
         matches!(&*self.role.read(), Role::Follower { leader: l, leader_epoch: e } if *l == leader && *e == epoch)
     }
 
-    /// Appends a client's batches if this broker leads `epoch`. Returns where they landed.
-    pub fn append_as_leader(
-        &self,
-        batches: &mut [u8],
-        epoch: LeaderEpoch,
-    ) -> Result<AppendInfo, ReplicaError> {
-        let role = self.role.read();
-        let Role::Leader(leader) = &*role else {
-            return Err(self.not_leader());
-        };
-        if leader.epoch != epoch {
-            return Err(self.not_leader());
-        }
-        let info = self
-            .log
-            .append_as_leader(batches, epoch)
-            .map_err(|e| ReplicaError::from_log(&self.name(), e))?;
-        self.advance_high_watermark(leader);
-        Ok(info)
-    }
-
-    /// [`Replica::append_as_leader`] without the fsync the flush policy may want (a
-    /// page-cache write, cheap enough for an async task). With `Some(target)` the caller
-    /// runs [`Replica::sync_to`] on a blocking thread before acknowledging; until then
-    /// the high watermark does not cover the records.
+    /// Appends a client's batches if this broker leads `epoch`, without the fsync the
+    /// flush policy may want (a page-cache write, cheap enough for an async task). With
+    /// `Some(target)` the caller runs [`Replica::sync_to`] on a blocking thread before
+    /// acknowledging; until then the high watermark does not cover the records.
     pub fn append_as_leader_deferred(
         &self,
         batches: &mut [u8],

@@ -168,44 +168,11 @@ pub fn read_vec_at_most(
     len: usize,
     cached_only: bool,
 ) -> io::Result<Vec<u8>> {
-    use std::os::fd::AsRawFd;
     let mut buf: Vec<u8> = Vec::with_capacity(len);
-    let mut done = 0usize;
-    while done < len {
-        let at = libc::off_t::try_from(position + done as u64)
-            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-        // SAFETY: the pointer and length stay inside the buffer's spare capacity, which
-        // the read only writes to; nothing reads those bytes before `set_len` covers them.
-        let n = unsafe {
-            let iov = libc::iovec {
-                iov_base: buf.as_mut_ptr().add(done).cast(),
-                iov_len: len - done,
-            };
-            let flags = if cached_only { libc::RWF_NOWAIT } else { 0 };
-            libc::preadv2(file.as_raw_fd(), &iov, 1, at, flags)
-        };
-        match n {
-            0 => break,
-            n if n > 0 => {
-                done += n as usize;
-                // SAFETY: the first `done` bytes were written by the read.
-                unsafe { buf.set_len(done) };
-            }
-            _ => {
-                let e = io::Error::last_os_error();
-                match e.kind() {
-                    io::ErrorKind::Interrupted => {}
-                    // Not cached, or a kernel/file system without RWF_NOWAIT.
-                    _ if cached_only
-                        && matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EINVAL)) =>
-                    {
-                        return Err(io::ErrorKind::WouldBlock.into())
-                    }
-                    _ => return Err(e),
-                }
-            }
-        }
-    }
+    // SAFETY: the spare capacity holds `len` bytes, which the read only writes to.
+    let n = unsafe { pread_into(file, position, buf.as_mut_ptr(), len, cached_only)? };
+    // SAFETY: the first `n` bytes were written by the read.
+    unsafe { buf.set_len(n) };
     Ok(buf)
 }
 
@@ -218,12 +185,56 @@ pub fn read_at_most_with(
     buf: &mut [u8],
     cached_only: bool,
 ) -> io::Result<usize> {
-    if !cached_only {
-        return read_at_most(file, position, buf);
+    // SAFETY: `buf` is valid for writes of its length.
+    unsafe { pread_into(file, position, buf.as_mut_ptr(), buf.len(), cached_only) }
+}
+
+/// Reads up to `len` bytes at `position` into `ptr` (`preadv2`, with `RWF_NOWAIT` when
+/// `cached_only`), retrying short reads until `len` or the end of the file; returns the
+/// bytes read.
+///
+/// # Safety
+/// `ptr` must be valid for writes of `len` bytes.
+unsafe fn pread_into(
+    file: &File,
+    position: u64,
+    ptr: *mut u8,
+    len: usize,
+    cached_only: bool,
+) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    let flags = if cached_only { libc::RWF_NOWAIT } else { 0 };
+    let mut done = 0usize;
+    while done < len {
+        let at = libc::off_t::try_from(position + done as u64)
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let iov = libc::iovec {
+            // SAFETY: `done < len`, so the pointer stays inside the caller's buffer.
+            iov_base: unsafe { ptr.add(done) }.cast(),
+            iov_len: len - done,
+        };
+        // SAFETY: the iovec describes writable memory the caller vouched for.
+        let n = unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, at, flags) };
+        match n {
+            0 => break,
+            n if n > 0 => done += n as usize,
+            _ => {
+                let e = io::Error::last_os_error();
+                match e.kind() {
+                    io::ErrorKind::Interrupted => {}
+                    // Not cached (EAGAIN is WouldBlock already), or a kernel/file system
+                    // without RWF_NOWAIT.
+                    _ if cached_only
+                        && matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EINVAL)) =>
+                    {
+                        return Err(io::ErrorKind::WouldBlock.into())
+                    }
+                    _ => return Err(e),
+                }
+            }
+        }
     }
-    let data = read_vec_at_most(file, position, buf.len(), true)?;
-    buf[..data.len()].copy_from_slice(&data);
-    Ok(data.len())
+    Ok(done)
 }
 
 /// Positioned read that fills as much of `buf` as the file has.
