@@ -421,6 +421,7 @@ async fn controlled_shutdown_hands_leadership_off_before_the_broker_goes() {
             metadata_version: 0,
             want_fence: false,
             want_shut_down: true,
+            offline_replicas: Vec::new(),
         })
         .await
         .unwrap();

@@ -100,6 +100,7 @@ async fn client_ports_refuse_internal_services_with_a_code() {
                     metadata_version: 0,
                     want_fence: false,
                     want_shut_down: true,
+                    offline_replicas: Vec::new(),
                 })
                 .await,
         );

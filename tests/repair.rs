@@ -1,4 +1,7 @@
-//! `tidelog repair` run as a real binary on a partition with a corrupt sealed segment.
+//! `tidelog repair` run as a real binary on a partition with a corrupt sealed segment, and
+//! a server that finds the only copy of a partition damaged.
+
+mod common;
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -152,4 +155,85 @@ fn repair_shows_the_plan_refuses_a_locked_directory_and_keeps_records_after_the_
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
+}
+
+/// The only copy of a partition is damaged: the standalone server keeps it offline (no
+/// byte cut) and says so in `cluster describe` and `topics describe`, instead of showing a
+/// healthy leader.
+#[test]
+fn the_only_damaged_copy_stays_offline_and_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = common::free_ports(1)[0];
+    let b = format!("127.0.0.1:{port}");
+    let mut server = common::standalone(dir.path(), port);
+    let (ok, _, err) = common::cli(&[
+        "topics",
+        "create",
+        "--topic",
+        "only",
+        "--partitions",
+        "1",
+        "--config",
+        "segment.bytes=2048",
+        "--bootstrap",
+        &b,
+    ]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = common::cli(&[
+        "perf",
+        "produce",
+        "--topic",
+        "only",
+        "--num-records",
+        "300",
+        "--record-size",
+        "100",
+        "--acks",
+        "all",
+        "--bootstrap",
+        &b,
+    ]);
+    assert!(ok, "{err}");
+    assert!(server.terminate().success());
+    let first = dir
+        .path()
+        .join("data")
+        .join("only-0")
+        .join(format!("{:020}.log", 0));
+    let mut bytes = std::fs::read(&first).unwrap();
+    let at = bytes.len() - 3;
+    bytes[at] ^= 0xff;
+    std::fs::write(&first, &bytes).unwrap();
+
+    let _server = common::standalone(dir.path(), port);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let cluster = loop {
+        let (ok, out, err) =
+            common::cli(&["cluster", "describe", "--output", "json", "--bootstrap", &b]);
+        if ok {
+            let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+            if v["offline_partitions"] == 1 {
+                break v;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never reported offline: {out}{err}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert_eq!(cluster["offline_partitions"], 1, "{cluster}");
+    let (ok, out, err) = common::cli(&["topics", "describe", "--topic", "only", "--bootstrap", &b]);
+    assert!(ok, "{err}");
+    assert!(out.contains("Offline: 1"), "{out}");
+    let (ok, out, _) = common::cli(&[
+        "topics",
+        "describe",
+        "--unavailable-partitions",
+        "--bootstrap",
+        &b,
+    ]);
+    assert!(ok && out.contains("Partition: 0"), "{out}");
+    // Nothing was cut: the damaged file is as it was.
+    assert!(std::fs::read(&first).unwrap() == bytes);
 }

@@ -947,3 +947,89 @@ async fn a_terminated_broker_restarts_without_recovery() {
         "partitions recovered after a clean shutdown: {recovered:#?}"
     );
 }
+
+/// Flips one byte inside the last batch of `file` (a sealed segment: a clean open reads
+/// each segment's last batch and checks its CRC).
+fn corrupt_last_batch(file: &std::path::Path) {
+    let mut bytes = std::fs::read(file).unwrap();
+    let at = bytes.len() - 3;
+    bytes[at] ^= 0xff;
+    std::fs::write(file, bytes).unwrap();
+}
+
+/// A follower whose copy has a corrupt sealed segment restarts: it cuts its log at the
+/// damage (setting the rest aside, not deleting it), re-fetches from the leader, rejoins
+/// the ISR, and ends with exactly the leader's records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_damaged_follower_refetches_from_the_leader_and_rejoins_the_isr() {
+    let mut c = BrokerCluster::start_with(3, FAST_REPLICATION);
+    const TOPIC: &str = "healing";
+    create_topic(&c, TOPIC, 1, &[("segment.bytes", "2048")]).await;
+    let state = partition(&c, TOPIC, 0).await;
+    let leader = state.leader.unwrap();
+    let follower = *state.replicas.iter().find(|b| **b != leader).unwrap();
+    for i in 0..200 {
+        produce_once(
+            &c.broker_address(leader),
+            TOPIC,
+            0,
+            &format!("r{i:04}-{}", "x".repeat(40)),
+            -1,
+        )
+        .await
+        .expect("acks=all");
+    }
+    eventually(
+        "the follower is in sync",
+        Duration::from_secs(20),
+        || async { (partition(&c, TOPIC, 0).await.isr.len() == 3).then_some(()) },
+    )
+    .await;
+    assert!(c.brokers[follower as usize - 1]
+        .as_mut()
+        .unwrap()
+        .terminate()
+        .success());
+    let data = c.dir.path().join(format!("broker-{follower}"));
+    let dir = data.join(format!("{TOPIC}-0"));
+    let first = dir.join(format!("{:020}.log", 0));
+    corrupt_last_batch(&first);
+    let damaged = std::fs::read(&first).unwrap();
+
+    c.start_broker(follower);
+    eventually(
+        "the damaged follower rejoins the ISR",
+        Duration::from_secs(60),
+        || async { (partition(&c, TOPIC, 0).await.isr.contains(&follower)).then_some(()) },
+    )
+    .await;
+    let stderr = c.brokers[follower as usize - 1].as_ref().unwrap().stderr();
+    assert!(
+        stderr.contains("cut at its first damage"),
+        "no cut logged:\n{stderr}"
+    );
+    // The damaged segment and everything after it were set aside, not deleted.
+    let quarantine: Vec<std::path::PathBuf> = std::fs::read_dir(&data)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with(".quarantine"))
+        .collect();
+    assert_eq!(
+        quarantine.len(),
+        1,
+        "one quarantine directory: {quarantine:?}"
+    );
+    let kept = std::fs::read(quarantine[0].join(first.file_name().unwrap())).unwrap();
+    assert!(kept == damaged, "the damaged segment is kept byte for byte");
+    assert!(
+        std::fs::read_dir(&quarantine[0]).unwrap().count() > 1,
+        "later segments set aside too"
+    );
+    stop_all_brokers(&mut c);
+    let records = assert_replicas_identical(&c, TOPIC, 0);
+    assert_eq!(records.len(), 200);
+    for (i, (offset, value)) in records.iter().enumerate() {
+        assert_eq!(*offset, i as u64);
+        assert!(value.starts_with(&format!("r{i:04}-")), "{offset}: {value}");
+    }
+}

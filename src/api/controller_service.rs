@@ -18,7 +18,7 @@ use super::proto::{
     FetchMetadataRequest, FetchMetadataResponse, NodeStatusRequest, NodeStatusResponse,
     RegisterBrokerRequest, RegisterBrokerResponse,
 };
-use crate::controller::command::MetadataCommand;
+use crate::controller::command::{MetadataCommand, ReplicaRef};
 use crate::controller::node::{Heartbeat, NodeStatus};
 use crate::controller::state_machine::MetadataDelta;
 use crate::controller::{ControllerError, ControllerNode};
@@ -161,6 +161,14 @@ impl Controller for ControllerService {
                 broker_epoch: r.broker_epoch,
                 want_fence: r.want_fence,
                 want_shut_down: r.want_shut_down,
+                offline_replicas: r
+                    .offline_replicas
+                    .into_iter()
+                    .map(|o| ReplicaRef {
+                        topic_id: o.topic_id,
+                        partition: o.partition,
+                    })
+                    .collect(),
             })
             .await?;
         Ok(Response::new(BrokerHeartbeatResponse {

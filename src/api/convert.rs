@@ -25,6 +25,7 @@ pub fn partition_to_proto(p: &PartitionRecord) -> proto::PartitionState {
         partition_epoch: p.partition_epoch,
         adding_replicas: ids(&p.adding_replicas),
         removing_replicas: ids(&p.removing_replicas),
+        offline_replicas: ids(&p.offline_replicas),
     }
 }
 
@@ -39,6 +40,7 @@ pub fn partition_from_proto(p: &proto::PartitionState) -> PartitionRecord {
         partition_epoch: p.partition_epoch,
         adding_replicas: broker_ids(&p.adding_replicas),
         removing_replicas: broker_ids(&p.removing_replicas),
+        offline_replicas: broker_ids(&p.offline_replicas),
     }
 }
 

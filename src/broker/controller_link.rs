@@ -15,7 +15,7 @@ use super::producer_ids::ProducerIdBlocks;
 use super::replica_manager::ReplicaManager;
 use crate::api::convert;
 use crate::api::proto::{
-    AllocateProducerIdsRequest, AlterPartitionRequest, BrokerHeartbeatRequest,
+    AllocateProducerIdsRequest, AlterPartitionRequest, BrokerHeartbeatRequest, OfflineReplica,
     RegisterBrokerRequest,
 };
 use crate::client::controller::ControllerClient;
@@ -273,6 +273,15 @@ impl ControllerLink {
             metadata_version: self.metadata.version(),
             want_fence: false,
             want_shut_down,
+            offline_replicas: self
+                .partitions
+                .offline_replicas()
+                .into_iter()
+                .map(|(topic_id, partition)| OfflineReplica {
+                    topic_id,
+                    partition,
+                })
+                .collect(),
         };
         let sent_at = Instant::now();
         match self.heartbeat_client.heartbeat(request).await {

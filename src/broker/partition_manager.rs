@@ -17,7 +17,8 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 use tokio::sync::watch;
 
-use crate::controller::model::MetadataImage;
+use crate::controller::model::{BrokerState, MetadataImage, PartitionRecord};
+use crate::partition::repair::set_aside_from_first_damage;
 use crate::partition::{lock_data_dir, Clock, DirLock, LogError, PartitionLog, SystemClock};
 use crate::replication::fetcher::PartitionLookup;
 pub use crate::replication::LocalPartition;
@@ -34,6 +35,8 @@ pub struct PartitionManager {
     broker_id: BrokerId,
     clock: Arc<dyn Clock>,
     partitions: RwLock<HashMap<(String, u32), Arc<LocalPartition>>>,
+    /// Assigned partitions that failed to open, by (topic, partition): their topic ids.
+    unopened: RwLock<HashMap<(String, u32), String>>,
     /// Bumped after every append and every high-watermark advance, so fetches waiting
     /// for data wake up.
     appended: Arc<watch::Sender<u64>>,
@@ -54,6 +57,7 @@ impl PartitionManager {
             broker_id,
             clock: Arc::new(SystemClock),
             partitions: RwLock::new(HashMap::new()),
+            unopened: RwLock::new(HashMap::new()),
             appended: Arc::new(watch::channel(0).0),
         })
     }
@@ -71,6 +75,27 @@ impl PartitionManager {
         self.partitions.read().values().cloned().collect()
     }
 
+    /// Replicas assigned here that cannot serve, as (topic id, partition): those that
+    /// failed to open and those that went offline after an I/O error. The controllers
+    /// move leadership and ISR membership away from them.
+    pub fn offline_replicas(&self) -> Vec<(String, u32)> {
+        let mut offline: Vec<(String, u32)> = self
+            .unopened
+            .read()
+            .iter()
+            .map(|((_, partition), id)| (id.clone(), *partition))
+            .collect();
+        offline.extend(
+            self.partitions
+                .read()
+                .values()
+                .filter(|lp| lp.log.offline_reason().is_some())
+                .map(|lp| (lp.topic_id.clone(), lp.partition)),
+        );
+        offline.sort();
+        offline
+    }
+
     /// Wakes fetches waiting for data.
     pub fn notify_appended(&self) {
         self.appended.send_modify(|v| *v += 1);
@@ -85,7 +110,8 @@ impl PartitionManager {
     /// Returns the partitions that failed to open, with why.
     pub fn reconcile(&self, image: &MetadataImage) -> Vec<(String, LogError)> {
         let mut failures = Vec::new();
-        let mut wanted: HashMap<(String, u32), (String, TopicConfig)> = HashMap::new();
+        let mut wanted: HashMap<(String, u32), (String, TopicConfig, &PartitionRecord)> =
+            HashMap::new();
         for t in image.topics.values() {
             let config =
                 TopicConfig::from_pairs(t.config.iter().map(|(k, v)| (k.as_str(), v.as_str())))
@@ -94,7 +120,7 @@ impl PartitionManager {
                 if p.replicas.contains(&self.broker_id) {
                     wanted.insert(
                         (t.name.clone(), p.partition),
-                        (t.id.clone(), config.clone()),
+                        (t.id.clone(), config.clone(), p),
                     );
                 }
             }
@@ -107,7 +133,7 @@ impl PartitionManager {
             .filter(|lp| {
                 wanted
                     .get(&(lp.topic.clone(), lp.partition))
-                    .is_none_or(|(id, _)| *id != lp.topic_id)
+                    .is_none_or(|(id, _, _)| *id != lp.topic_id)
             })
             .cloned()
             .collect();
@@ -120,26 +146,70 @@ impl PartitionManager {
             drop(lp);
             delete_dir(&dir);
         }
-        for ((topic, partition), (topic_id, config)) in wanted {
+        for ((topic, partition), (topic_id, config, record)) in &wanted {
+            let (topic, partition, topic_id) = (topic.clone(), *partition, topic_id.clone());
             if let Some(lp) = self.get(&topic, partition) {
-                if lp.log.config() != config {
-                    lp.log.update_config(config);
+                if lp.log.config() != *config {
+                    lp.log.update_config(config.clone());
                 }
                 continue;
             }
-            match self.open(&topic, partition, &topic_id, config) {
+            let key = (topic.clone(), partition);
+            let is_live = |b| {
+                image
+                    .brokers
+                    .get(&b)
+                    .is_some_and(|r| r.state == BrokerState::Unfenced)
+            };
+            let refetch = may_refetch_damaged(self.broker_id, record, is_live);
+            match self.open_or_refetch(&topic, partition, &topic_id, config.clone(), refetch) {
                 Ok(lp) => {
-                    self.partitions
-                        .write()
-                        .insert((topic.clone(), partition), Arc::new(lp));
+                    self.unopened.write().remove(&key);
+                    self.partitions.write().insert(key, Arc::new(lp));
                 }
-                Err(e) => failures.push((format!("{topic}-{partition}"), e)),
+                Err(e) => {
+                    self.unopened.write().insert(key, topic_id);
+                    failures.push((format!("{topic}-{partition}"), e));
+                }
             }
         }
+        self.unopened.write().retain(|key, id| {
+            wanted
+                .get(key)
+                .is_some_and(|(wanted_id, _, _)| wanted_id == id)
+        });
         if image.cluster_id.is_some() {
             self.delete_strays(image);
         }
         failures
+    }
+
+    /// Opens a partition; when its data is damaged and `refetch` allows, cuts the log at
+    /// the first damage (setting the rest aside, nothing deleted) and opens what is left,
+    /// so the follower re-fetches the rest from the leader.
+    fn open_or_refetch(
+        &self,
+        topic: &str,
+        partition: u32,
+        topic_id: &str,
+        config: TopicConfig,
+        refetch: bool,
+    ) -> Result<LocalPartition, LogError> {
+        match self.open(topic, partition, topic_id, config.clone()) {
+            Err(LogError::Damaged(report)) if refetch => {
+                let now = self.clock.now_ms().max(0) as u64;
+                let aside = set_aside_from_first_damage(&report, now)?;
+                tracing::warn!(
+                    partition = %format!("{topic}-{partition}"),
+                    cut_offset = aside.cut_offset,
+                    files = aside.files,
+                    quarantine = %aside.quarantine.display(),
+                    "damaged partition cut at its first damage to re-fetch the rest from the leader; the files set aside are kept for inspection"
+                );
+                self.open(topic, partition, topic_id, config)
+            }
+            other => other,
+        }
     }
 
     fn open(
@@ -189,6 +259,10 @@ impl PartitionManager {
                 delete_dir(&path);
                 continue;
             }
+            if name.ends_with(".quarantine") {
+                // Damaged data set aside for an operator: never deleted here.
+                continue;
+            }
             let Some((topic, partition)) = parse_dir_name(name) else {
                 continue;
             };
@@ -219,6 +293,19 @@ impl PartitionManager {
             }
         }
     }
+}
+
+/// Whether a replica whose data is damaged may cut its log at the damage and re-fetch the
+/// rest: another live broker leads the partition and `me` is out of its ISR, so every
+/// acknowledged record is held elsewhere and the leader's log is the one to follow (a
+/// follower truncates to the leader's log in any case). Otherwise the partition stays
+/// offline for the controllers to move it, or for `tidelog repair`.
+pub fn may_refetch_damaged(
+    me: BrokerId,
+    p: &PartitionRecord,
+    is_live: impl Fn(BrokerId) -> bool,
+) -> bool {
+    matches!(p.leader, Some(l) if l != me && is_live(l)) && !p.isr.contains(&me)
 }
 
 impl PartitionLookup for PartitionManager {

@@ -51,7 +51,7 @@ enum TopicsCommand {
         /// Only partitions whose ISR is smaller than their replica set.
         #[arg(long, conflicts_with = "unavailable_partitions")]
         under_replicated_partitions: bool,
-        /// Only partitions without a leader.
+        /// Only partitions without a usable leader (none, or one whose copy is offline).
         #[arg(long)]
         unavailable_partitions: bool,
     },
@@ -156,7 +156,9 @@ pub fn run(args: &TopicsArgs) -> Result<(), CliError> {
                 if *under_replicated_partitions {
                     topics = only_partitions(topics, |p| p.isr.len() < p.replicas.len());
                 } else if *unavailable_partitions {
-                    topics = only_partitions(topics, |p| p.leader.is_none());
+                    topics = only_partitions(topics, |p| {
+                        p.leader.is_none_or(|l| p.offline_replicas.contains(&l))
+                    });
                 }
                 print_descriptions(output, &topics);
             }
@@ -348,6 +350,9 @@ pub fn print_descriptions(output: OutputFormat, topics: &[TopicDescription]) {
                             ids(&p.removing_replicas)
                         ));
                     }
+                    if !p.offline_replicas.is_empty() {
+                        line.push_str(&format!("\tOffline: {}", ids(&p.offline_replicas)));
+                    }
                     if let Some(o) = d.offsets.iter().find(|o| o.partition == p.partition) {
                         line.push_str(&format!(
                             "\tLogStart: {}\tHighWatermark: {}\tLogEnd: {}",
@@ -376,6 +381,7 @@ fn description_json(d: &TopicDescription) -> Value {
                 "isr": p.isr,
                 "adding_replicas": p.adding_replicas,
                 "removing_replicas": p.removing_replicas,
+                "offline_replicas": p.offline_replicas,
                 "log_start_offset": o.map(|o| o.log_start_offset),
                 "high_watermark": o.map(|o| o.high_watermark),
                 "log_end_offset": o.map(|o| o.log_end_offset),

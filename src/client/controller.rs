@@ -47,8 +47,9 @@ impl ControllerClient {
         request: BrokerHeartbeatRequest,
     ) -> Result<BrokerHeartbeatResponse, ClientError> {
         self.connection
-            .call("broker heartbeat", |c| async move {
-                Grpc::new(c).broker_heartbeat(request).await
+            .call("broker heartbeat", |c| {
+                let request = request.clone();
+                async move { Grpc::new(c).broker_heartbeat(request).await }
             })
             .await
     }

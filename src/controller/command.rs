@@ -53,6 +53,17 @@ pub enum MetadataCommand {
         /// Its registration epoch.
         epoch: u64,
     },
+    /// A broker's full list of replicas it holds but cannot serve (damaged data, failed
+    /// storage): they leave ISRs and leaderships; replicas missing from the list are
+    /// usable again.
+    SetOfflineReplicas {
+        /// The broker.
+        id: BrokerId,
+        /// Its registration epoch.
+        epoch: u64,
+        /// Its offline replicas.
+        replicas: Vec<ReplicaRef>,
+    },
     /// Creates a topic with a placement computed by the leader.
     CreateTopic {
         /// The topic's name.
@@ -124,6 +135,15 @@ pub enum MetadataCommand {
         /// The topics to consider; empty for all.
         topics: Vec<String>,
     },
+}
+
+/// One partition of a topic, named by the topic's id.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ReplicaRef {
+    /// The topic's id.
+    pub topic_id: String,
+    /// The partition.
+    pub partition: u32,
 }
 
 /// One partition's target replicas in a reassignment.

@@ -18,11 +18,13 @@ pub enum Election {
 
 /// Elects a leader in replica order (the preferred replica first), from the live ISR
 /// members, or, only if `unclean` is set and none is alive, from the live replicas.
+/// A replica its broker reported offline is never elected.
 pub fn elect_leader(
     partition: &PartitionRecord,
     is_live: impl Fn(BrokerId) -> bool,
     unclean: bool,
 ) -> Election {
+    let is_live = |b: BrokerId| is_live(b) && !partition.offline_replicas.contains(&b);
     if let Some(b) = partition
         .replicas
         .iter()
@@ -53,6 +55,7 @@ mod tests {
             partition_epoch: 0,
             adding_replicas: Vec::new(),
             removing_replicas: Vec::new(),
+            offline_replicas: Vec::new(),
         }
     }
 
@@ -66,6 +69,22 @@ mod tests {
         assert_eq!(
             elect_leader(&p, |b| b != BrokerId(3), false),
             Election::Clean(BrokerId(1))
+        );
+    }
+
+    #[test]
+    fn never_elects_an_offline_replica() {
+        let mut p = partition(&[1, 2, 3], &[1, 2]);
+        p.offline_replicas = vec![BrokerId(1)];
+        assert_eq!(
+            elect_leader(&p, |_| true, false),
+            Election::Clean(BrokerId(2))
+        );
+        p.offline_replicas = vec![BrokerId(1), BrokerId(2)];
+        assert_eq!(elect_leader(&p, |_| true, false), Election::None);
+        assert_eq!(
+            elect_leader(&p, |_| true, true),
+            Election::Unclean(BrokerId(3))
         );
     }
 

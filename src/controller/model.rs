@@ -11,7 +11,9 @@
 //! - a partition's leader, when set, is in its ISR, and its ISR is a subset of its replicas;
 //! - the ISR is never empty: the last member stays even when it is fenced, so it (and only
 //!   it, unless unclean election is enabled) can lead again when it returns;
-//! - the leader epoch grows on every leader change; the partition epoch on every change.
+//! - the leader epoch grows on every leader change; the partition epoch on every change;
+//! - a replica its broker reported offline is never elected and sits in the ISR only as
+//!   its last member (the only copy of acknowledged data, kept for an operator).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -89,6 +91,10 @@ pub struct PartitionRecord {
     /// During a reassignment: replicas that leave once every target replica is in sync.
     #[serde(default)]
     pub removing_replicas: Vec<BrokerId>,
+    /// Replicas whose broker reported its copy unusable (damaged or failed storage). They
+    /// are never elected and never join the ISR until their broker reports them usable.
+    #[serde(default)]
+    pub offline_replicas: Vec<BrokerId>,
 }
 
 impl PartitionRecord {
@@ -230,8 +236,57 @@ pub fn preferred_leader(
     is_live: impl Fn(BrokerId) -> bool,
 ) -> Option<BrokerId> {
     let preferred = *p.target_replicas().first()?;
-    (p.leader != Some(preferred) && p.isr.contains(&preferred) && is_live(preferred))
-        .then_some(preferred)
+    (p.leader != Some(preferred)
+        && p.isr.contains(&preferred)
+        && !p.offline_replicas.contains(&preferred)
+        && is_live(preferred))
+    .then_some(preferred)
+}
+
+/// `broker`'s replica of `p` becomes offline (or usable again); returns the partition's
+/// next state, or `None` when nothing changes. An offline replica leaves the ISR unless
+/// it is the last member (the only copy of acknowledged data stays its leader, offline,
+/// for an operator to repair), and its leadership moves to another live in-sync replica.
+/// A replica usable again leads a leaderless partition it is in sync for.
+pub fn mark_replica(
+    p: &PartitionRecord,
+    broker: BrokerId,
+    offline: bool,
+    is_live: impl Fn(BrokerId) -> bool,
+) -> Option<PartitionRecord> {
+    let marked = p.offline_replicas.contains(&broker);
+    let mut next = p.clone();
+    if !offline {
+        if !marked {
+            return None;
+        }
+        next.offline_replicas.retain(|b| *b != broker);
+        if next.leader.is_none() {
+            // It may be the live in-sync replica a leaderless partition waits for.
+            if let Election::Clean(b) = elect_leader(&next, is_live, false) {
+                next.leader = Some(b);
+            }
+        }
+        return Some(next);
+    }
+    let in_isr = p.isr.contains(&broker) && p.isr.len() > 1;
+    if marked && !in_isr && p.leader != Some(broker) {
+        return None;
+    }
+    if !marked {
+        next.offline_replicas.push(broker);
+    }
+    if in_isr {
+        next.isr.retain(|b| *b != broker);
+    }
+    if p.leader == Some(broker) && next.isr.len() < p.isr.len() {
+        // Clean election only: the offline copy may have lost records that others hold.
+        next.leader = match elect_leader(&next, |b| b != broker && is_live(b), false) {
+            Election::Clean(b) => Some(b),
+            _ => None,
+        };
+    }
+    (next != *p).then_some(next)
 }
 
 fn reject(code: ErrorCode, message: impl Into<String>) -> Result<(), MetadataError> {
@@ -317,6 +372,10 @@ impl MetadataImage {
     pub fn check(&self, cmd: &MetadataCommand) -> Result<(), MetadataError> {
         match cmd {
             MetadataCommand::InitCluster { .. } => Ok(()),
+            MetadataCommand::SetOfflineReplicas { id, epoch, .. } => {
+                self.broker_with_epoch(*id, *epoch)?;
+                Ok(())
+            }
             MetadataCommand::AllocateProducerIds { count } => {
                 if *count == 0 || *count > 1_000_000 {
                     return reject(
@@ -503,6 +562,12 @@ impl MetadataImage {
                         ),
                     );
                 }
+                if p.offline_replicas.contains(broker_id) {
+                    return reject(
+                        ErrorCode::IneligibleReplica,
+                        format!("{topic}-{partition}: the leader {broker_id} reported its replica offline"),
+                    );
+                }
                 if !new_isr.contains(broker_id) {
                     return reject(
                         ErrorCode::InvalidRequest,
@@ -519,6 +584,12 @@ impl MetadataImage {
                     );
                 }
                 for member in new_isr {
+                    if !p.isr.contains(member) && p.offline_replicas.contains(member) {
+                        return reject(
+                            ErrorCode::IneligibleReplica,
+                            format!("{topic}-{partition}: broker {member} reported its replica offline and cannot join the ISR"),
+                        );
+                    }
                     if !p.replicas.contains(member) {
                         return reject(
                             ErrorCode::IneligibleReplica,
@@ -572,8 +643,13 @@ impl MetadataImage {
                     if existing.incarnation_id == *incarnation_id {
                         return (Ok(CommandOutput::BrokerEpoch(existing.epoch)), changes);
                     }
-                    // A new process took over the id: the old one is gone.
+                    // A new process took over the id: the old one is gone, and so are
+                    // its reports of offline replicas (the new one reports its own).
                     self.fence_partitions(*id, &mut changes);
+                    let live = self.live_set();
+                    self.update_partitions(&mut changes, |_, p| {
+                        mark_replica(p, *id, false, |b| b != *id && live.contains(&b))
+                    });
                 }
                 let record = BrokerRecord {
                     id: *id,
@@ -602,6 +678,28 @@ impl MetadataImage {
                 self.set_broker_state(*id, BrokerState::ShuttingDown, &mut changes);
                 self.move_leadership_off(*id, &mut changes);
                 CommandOutput::Done
+            }
+            MetadataCommand::SetOfflineReplicas { id, replicas, .. } => {
+                let offline: BTreeSet<(&str, u32)> = replicas
+                    .iter()
+                    .map(|r| (r.topic_id.as_str(), r.partition))
+                    .collect();
+                let live = self.live_set();
+                let mut count = 0u64;
+                self.update_partitions(&mut changes, |t, p| {
+                    if !p.replicas.contains(id) {
+                        return None;
+                    }
+                    let next = mark_replica(
+                        p,
+                        *id,
+                        offline.contains(&(t.id.as_str(), p.partition)),
+                        |b| live.contains(&b),
+                    )?;
+                    count += 1;
+                    Some(next)
+                });
+                CommandOutput::Count(count)
             }
             MetadataCommand::CreateTopic {
                 name,
@@ -742,6 +840,7 @@ impl MetadataImage {
             partition_epoch: 0,
             adding_replicas: Vec::new(),
             removing_replicas: Vec::new(),
+            offline_replicas: Vec::new(),
         }
     }
 
@@ -867,12 +966,12 @@ impl MetadataImage {
             .count()
     }
 
-    /// Partitions without a leader.
+    /// Partitions without a usable leader: none, or one whose replica is offline.
     pub fn offline_partitions(&self) -> usize {
         self.topics
             .values()
             .flat_map(|t| &t.partitions)
-            .filter(|p| p.leader.is_none())
+            .filter(|p| p.leader.is_none_or(|l| p.offline_replicas.contains(&l)))
             .count()
     }
 
@@ -891,6 +990,11 @@ impl MetadataImage {
                 }
                 if let Some(b) = p.isr.iter().find(|b| !p.replicas.contains(b)) {
                     return Err(format!("{at}: ISR member {b} is not a replica"));
+                }
+                if p.isr.len() > 1 {
+                    if let Some(b) = p.isr.iter().find(|b| p.offline_replicas.contains(b)) {
+                        return Err(format!("{at}: offline replica {b} in ISR {:?}", p.isr));
+                    }
                 }
             }
         }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 
-use super::command::{CommandOutput, MetadataCommand};
+use super::command::{CommandOutput, MetadataCommand, ReplicaRef};
 use super::model::{BrokerState, MetadataImage, PartitionRecord};
 use crate::error_code::ErrorCode;
 use crate::types::BrokerId;
@@ -88,6 +88,22 @@ impl Harness {
             epoch,
         })
         .unwrap();
+    }
+
+    /// `id` reports these partitions of topic `t` offline (and every other one usable).
+    fn offline(&mut self, id: i32, partitions: &[u32]) -> Result<CommandOutput, ErrorCode> {
+        let epoch = self.epoch(id);
+        self.apply(MetadataCommand::SetOfflineReplicas {
+            id: BrokerId(id),
+            epoch,
+            replicas: partitions
+                .iter()
+                .map(|p| ReplicaRef {
+                    topic_id: "id-t".to_owned(),
+                    partition: *p,
+                })
+                .collect(),
+        })
     }
 
     fn alter_isr(
@@ -307,6 +323,59 @@ fn topic_commands_validate_names_and_assignments() {
     assert!(h.image.topics.contains_key("t"));
 }
 
+#[test]
+fn an_offline_replica_loses_leadership_and_isr_unless_it_is_the_last_copy() {
+    let mut h = Harness::new();
+    for b in 1..=3 {
+        h.live_broker(b);
+    }
+    h.topic("t", &[&[1, 2, 3], &[1, 2, 3]], &[]);
+    h.alter_isr("t", 1, &[1]).unwrap();
+    let before = h.partition("t", 0);
+    assert_eq!(h.offline(1, &[0, 1]), Ok(CommandOutput::Count(2)));
+    // Another in-sync copy exists: leadership moves, the offline copy leaves the ISR.
+    let p0 = h.partition("t", 0);
+    assert_eq!(p0.leader, Some(BrokerId(2)));
+    assert_eq!(ids(&p0.isr), vec![2, 3]);
+    assert_eq!(ids(&p0.offline_replicas), vec![1]);
+    assert_eq!(p0.leader_epoch, before.leader_epoch + 1);
+    // The only in-sync copy: it stays leader (and in the ISR), counted offline.
+    let p1 = h.partition("t", 1);
+    assert_eq!(p1.leader, Some(BrokerId(1)));
+    assert_eq!(ids(&p1.isr), vec![1]);
+    assert_eq!(h.image.offline_partitions(), 1);
+    // The same report again changes nothing.
+    assert_eq!(h.offline(1, &[0, 1]), Ok(CommandOutput::Count(0)));
+    // An offline replica is never elected and never joins the ISR.
+    h.fence(2);
+    h.fence(3);
+    assert_eq!(h.partition("t", 0).leader, None);
+    h.unfence(3);
+    assert_eq!(h.partition("t", 0).leader, Some(BrokerId(3)));
+    assert_eq!(
+        h.alter_isr("t", 0, &[3, 1]),
+        Err(ErrorCode::IneligibleReplica)
+    );
+    // Reported usable again: it may rejoin.
+    assert_eq!(h.offline(1, &[]), Ok(CommandOutput::Count(2)));
+    assert!(h.partition("t", 0).offline_replicas.is_empty());
+    assert_eq!(h.image.offline_partitions(), 0);
+    h.alter_isr("t", 0, &[3, 1]).unwrap();
+}
+
+#[test]
+fn a_new_incarnation_clears_its_offline_reports() {
+    let mut h = Harness::new();
+    for b in 1..=2 {
+        h.live_broker(b);
+    }
+    h.topic("t", &[&[1, 2]], &[]);
+    h.offline(2, &[0]).unwrap();
+    assert_eq!(ids(&h.partition("t", 0).offline_replicas), vec![2]);
+    h.live_broker(2);
+    assert!(h.partition("t", 0).offline_replicas.is_empty());
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Fence(i32),
@@ -315,6 +384,7 @@ enum Op {
     Reregister(i32),
     ShrinkIsr(usize),
     ExpandIsr(usize),
+    Offline(i32, Vec<u32>),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -325,6 +395,7 @@ fn op() -> impl Strategy<Value = Op> {
         (1i32..=4).prop_map(Op::Reregister),
         (0usize..6).prop_map(Op::ShrinkIsr),
         (0usize..6).prop_map(Op::ExpandIsr),
+        ((1i32..=4), prop::collection::vec(0u32..6, 0..3)).prop_map(|(b, ps)| Op::Offline(b, ps)),
     ]
 }
 
@@ -349,6 +420,7 @@ proptest! {
                     id: BrokerId(b), address: "a:1".to_owned(), rack: None,
                     incarnation_id: format!("i{}", h.version), internal_address: "a:2".to_owned(),
                 }),
+                Op::Offline(b, ps) => h.offline(b, &ps),
                 Op::ShrinkIsr(p) => {
                     let part = h.partition("t", p);
                     match part.leader {
@@ -361,7 +433,7 @@ proptest! {
                     match part.leader {
                         Some(l) => {
                             let mut isr = vec![l.0];
-                            isr.extend(part.replicas.iter().map(|b| b.0).filter(|b| *b != l.0 && h.image.brokers[&BrokerId(*b)].state == BrokerState::Unfenced));
+                            isr.extend(part.replicas.iter().map(|b| b.0).filter(|b| *b != l.0 && h.image.brokers[&BrokerId(*b)].state == BrokerState::Unfenced && !part.offline_replicas.contains(&BrokerId(*b))));
                             h.alter_isr("t", p, &isr)
                         }
                         None => Ok(CommandOutput::Done),
@@ -379,9 +451,12 @@ proptest! {
                 if let Some(l) = p.leader {
                     prop_assert_ne!(h.image.brokers[&l].state, BrokerState::Fenced);
                 }
-                let live_in_isr = p.isr.iter().any(|b| h.image.brokers[b].state == BrokerState::Unfenced);
+                let live_in_isr = p.isr.iter().any(|b| h.image.brokers[b].state == BrokerState::Unfenced && !p.offline_replicas.contains(b));
                 if p.leader.is_none() {
-                    prop_assert!(!live_in_isr, "leaderless with a live ISR member: {:?}", p);
+                    prop_assert!(!live_in_isr, "leaderless with a live, usable ISR member: {:?}", p);
+                }
+                if p.isr.len() > 1 {
+                    prop_assert!(p.isr.iter().all(|b| !p.offline_replicas.contains(b)), "an offline replica in a larger ISR: {:?}", p);
                 }
             }
         }

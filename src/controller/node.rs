@@ -18,7 +18,7 @@ use openraft::{BasicNode, ServerState, SnapshotPolicy};
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
-use super::command::{CommandOutput, MetadataCommand, Reassignment};
+use super::command::{CommandOutput, MetadataCommand, Reassignment, ReplicaRef};
 use super::error::{ControllerError, MetadataError, StartupError};
 use super::log_store::LogStore;
 use super::model::{BrokerState, MetadataImage, PartitionRecord, TopicRecord};
@@ -80,7 +80,7 @@ pub struct HeartbeatOutcome {
 }
 
 /// A broker's heartbeat.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Heartbeat {
     /// The broker.
     pub broker_id: BrokerId,
@@ -90,6 +90,8 @@ pub struct Heartbeat {
     pub want_fence: bool,
     /// It is stopping.
     pub want_shut_down: bool,
+    /// Every replica it holds but cannot serve.
+    pub offline_replicas: Vec<ReplicaRef>,
 }
 
 /// This controller's view of itself (for `cluster describe`).
@@ -781,6 +783,9 @@ impl ControllerNode {
         self.heartbeats.lock().insert(hb.broker_id, Instant::now());
         self.heard.lock().insert(hb.broker_id);
         let (id, epoch) = (hb.broker_id, hb.broker_epoch);
+        // Before unfencing: a replica reported offline must not be elected on the way.
+        self.update_offline_replicas(id, epoch, &hb.offline_replicas)
+            .await?;
         let mut state = state;
         let mut should_shut_down = false;
         if hb.want_shut_down {
@@ -809,6 +814,46 @@ impl ControllerNode {
             metadata_version: self.store.version(),
             session_timeout: self.session_timeout,
         })
+    }
+
+    /// Commits `broker`'s report of offline replicas when it differs from the metadata
+    /// (replicas of partitions it does not hold are ignored).
+    async fn update_offline_replicas(
+        &self,
+        id: BrokerId,
+        epoch: u64,
+        reported: &[ReplicaRef],
+    ) -> Result<(), ControllerError> {
+        let (current, wanted) = self.store.read(|image, _| {
+            let mut current = std::collections::BTreeSet::new();
+            let mut wanted = std::collections::BTreeSet::new();
+            for t in image.topics.values() {
+                for p in t.partitions.iter().filter(|p| p.replicas.contains(&id)) {
+                    let r = ReplicaRef {
+                        topic_id: t.id.clone(),
+                        partition: p.partition,
+                    };
+                    if p.offline_replicas.contains(&id) {
+                        current.insert(r.clone());
+                    }
+                    if reported.contains(&r) {
+                        wanted.insert(r);
+                    }
+                }
+            }
+            (current, wanted)
+        });
+        if current == wanted {
+            return Ok(());
+        }
+        tracing::warn!(broker_id = %id, offline = wanted.len(), was = current.len(), "broker reports a new set of offline replicas");
+        self.propose(MetadataCommand::SetOfflineReplicas {
+            id,
+            epoch,
+            replicas: wanted.into_iter().collect(),
+        })
+        .await?;
+        Ok(())
     }
 
     /// Applies an ISR change proposed by a partition leader.

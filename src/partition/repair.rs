@@ -378,3 +378,110 @@ fn copy_range(src: &File, start: u64, end: u64, to: &Path) -> Result<(), LogErro
     }
     out.sync_all().map_err(io_err(to))
 }
+
+/// What [`set_aside_from_first_damage`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetAside {
+    /// Where the set-aside files went (beside the partition directory).
+    pub quarantine: PathBuf,
+    /// The log now ends here: the first offset of the first damaged range.
+    pub cut_offset: u64,
+    /// Segment files moved or copied into the quarantine.
+    pub files: usize,
+}
+
+/// Cuts the log at its first damaged range so the partition can open and re-fetch the
+/// rest from the leader, as a follower does. Used only when an in-sync replica elsewhere
+/// holds every acknowledged record (the broker decides). Nothing is deleted: every segment
+/// file from the damaged one on is moved (or, for the damaged one, copied whole before it
+/// is cut) into `<partition>.<unix-ms>.quarantine/` beside the partition directory, for an
+/// operator to inspect and delete. The touched indexes are dropped and the recovery point
+/// is moved to the cut segment, so the next open validates it and rebuilds them.
+pub fn set_aside_from_first_damage(
+    report: &damage::DamageReport,
+    now_ms: u64,
+) -> Result<SetAside, LogError> {
+    let dir = &report.dir;
+    let Some(first) = report
+        .ranges
+        .iter()
+        .min_by_key(|r| (r.segment_base_offset, r.start_position))
+    else {
+        return Err(LogError::Corrupt {
+            path: dir.clone(),
+            reason: "a damage report without ranges".to_owned(),
+        });
+    };
+    let (base, cut_at) = (first.segment_base_offset, first.start_position);
+    let name = dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("partition");
+    let quarantine = dir.with_file_name(format!("{name}.{now_ms}.quarantine"));
+    fs::create_dir_all(&quarantine).map_err(io_err(&quarantine))?;
+    let mut files = 0;
+    for entry in fs::read_dir(dir).map_err(io_err(dir))? {
+        let path = entry.map_err(io_err(dir))?.path();
+        let Some((b, suffix)) = segment_file_name(&path) else {
+            continue;
+        };
+        let target = quarantine.join(path.file_name().expect("a file name"));
+        if b > base || (b == base && cut_at == 0) {
+            fs::rename(&path, &target).map_err(io_err(&path))?;
+            files += 1;
+        } else if b == base && suffix == LOG_SUFFIX {
+            let src = File::open(&path).map_err(io_err(&path))?;
+            let len = src.metadata().map_err(io_err(&path))?.len();
+            copy_range(&src, 0, len, &target)?;
+            files += 1;
+            let file = OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .map_err(io_err(&path))?;
+            file.set_len(cut_at).map_err(io_err(&path))?;
+            file.sync_all().map_err(io_err(&path))?;
+        } else if b == base {
+            remove_if_exists(&path).map_err(io_err(&path))?;
+        }
+    }
+    checkpoint::sync_dir(&quarantine).map_err(io_err(&quarantine))?;
+    // Gaps past the cut describe files that are gone.
+    let gaps = damage::read_gaps(dir).map_err(io_err(dir))?;
+    let kept: Vec<(u64, u64)> = gaps
+        .iter()
+        .filter(|(from, _)| *from < first.first_offset)
+        .map(|&(from, to)| (from, to.min(first.first_offset)))
+        .collect();
+    if kept != gaps {
+        damage::write_gaps(dir, &kept).map_err(io_err(dir))?;
+    }
+    let marker = dir.join(CLEAN_SHUTDOWN_FILE);
+    remove_if_exists(&marker).map_err(io_err(&marker))?;
+    let offsets = super::loader::read_offsets_lenient(dir);
+    write_offsets(
+        dir,
+        &OffsetsCheckpoint {
+            recovery_point: offsets.recovery_point.min(base),
+            ..offsets
+        },
+    )
+    .map_err(io_err(dir))?;
+    checkpoint::sync_dir(dir).map_err(io_err(dir))?;
+    if let Some(parent) = dir.parent() {
+        checkpoint::sync_dir(parent).map_err(io_err(parent))?;
+    }
+    Ok(SetAside {
+        quarantine,
+        cut_offset: first.first_offset,
+        files,
+    })
+}
+
+/// `(base offset, suffix)` of a segment's file (`<20 digits>.<suffix>`).
+fn segment_file_name(path: &Path) -> Option<(u64, &str)> {
+    let (stem, suffix) = path.file_name()?.to_str()?.split_once('.')?;
+    if stem.len() != 20 || !stem.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((stem.parse().ok()?, suffix))
+}

@@ -382,6 +382,7 @@ impl FakeBroker {
                             metadata_version: 0,
                             want_fence: false,
                             want_shut_down: false,
+                            offline_replicas: Vec::new(),
                         })
                         .await;
                 }
