@@ -1,7 +1,8 @@
 //! Replication with real processes: 1 controller and 3 brokers on loopback. kill -9 of
 //! partition leaders under acks=all load, followers paused with SIGSTOP (ISR shrink and
 //! expand, NOT_ENOUGH_REPLICAS), a paused leader whose unreplicated records are truncated
-//! when it returns, reassignment and preferred-leader election. Replica logs are compared
+//! when it returns, reassignment and preferred-leader election, damaged replicas (found at
+//! open or by a read) that hand over and heal by re-fetching. Replica logs are compared
 //! record by record after the brokers stop.
 
 mod common;
@@ -1025,6 +1026,77 @@ async fn a_damaged_follower_refetches_from_the_leader_and_rejoins_the_isr() {
         std::fs::read_dir(&quarantine[0]).unwrap().count() > 1,
         "later segments set aside too"
     );
+    stop_all_brokers(&mut c);
+    let records = assert_replicas_identical(&c, TOPIC, 0);
+    assert_eq!(records.len(), 200);
+    for (i, (offset, value)) in records.iter().enumerate() {
+        assert_eq!(*offset, i as u64);
+        assert!(value.starts_with(&format!("r{i:04}-")), "{offset}: {value}");
+    }
+}
+
+/// The leader's copy is damaged while it runs (a sealed segment a clean start would not
+/// re-read); a follower that lost its disk re-fetches from the start, so the leader's read
+/// meets the corrupt batch. The leader reports its replica offline, the leadership moves to
+/// the other in-sync follower, the old leader cuts its log at the damage and re-fetches,
+/// and every replica ends with every record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leader_whose_read_meets_damage_hands_over_and_heals() {
+    let mut c = BrokerCluster::start_with(3, FAST_REPLICATION);
+    const TOPIC: &str = "readdamage";
+    create_topic(&c, TOPIC, 1, &[("segment.bytes", "2048")]).await;
+    let state = partition(&c, TOPIC, 0).await;
+    let leader = state.leader.unwrap();
+    let followers: Vec<i32> = state
+        .replicas
+        .iter()
+        .copied()
+        .filter(|b| *b != leader)
+        .collect();
+    for i in 0..200 {
+        produce_once(
+            &c.broker_address(leader),
+            TOPIC,
+            0,
+            &format!("r{i:04}-{}", "x".repeat(40)),
+            -1,
+        )
+        .await
+        .expect("acks=all");
+    }
+    // Follower 0 loses its disk; the leader's first segment gets a flipped byte.
+    let lost = followers[0];
+    assert!(c.brokers[lost as usize - 1]
+        .as_mut()
+        .unwrap()
+        .terminate()
+        .success());
+    std::fs::remove_dir_all(c.dir.path().join(format!("broker-{lost}"))).unwrap();
+    let first = c
+        .dir
+        .path()
+        .join(format!("broker-{leader}"))
+        .join(format!("{TOPIC}-0"))
+        .join(format!("{:020}.log", 0));
+    let mut bytes = std::fs::read(&first).unwrap();
+    bytes[200] ^= 0xff;
+    std::fs::write(&first, &bytes).unwrap();
+    c.start_broker(lost);
+    eventually(
+        "leadership moves off the damaged copy and all three are in sync again",
+        Duration::from_secs(90),
+        || async {
+            let p = partition(&c, TOPIC, 0).await;
+            (p.leader.is_some_and(|l| l != leader)
+                && p.isr.len() == 3
+                && p.offline_replicas.is_empty())
+            .then_some(())
+        },
+    )
+    .await;
+    let stderr = c.brokers[leader as usize - 1].as_ref().unwrap().stderr();
+    assert!(stderr.contains("read met a corrupt batch"), "{stderr}");
+    assert!(stderr.contains("cut at its first damage"), "{stderr}");
     stop_all_brokers(&mut c);
     let records = assert_replicas_identical(&c, TOPIC, 0);
     assert_eq!(records.len(), 200);

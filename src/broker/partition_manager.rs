@@ -19,7 +19,9 @@ use tokio::sync::watch;
 
 use crate::controller::model::{BrokerState, MetadataImage, PartitionRecord};
 use crate::partition::repair::set_aside_from_first_damage;
-use crate::partition::{lock_data_dir, Clock, DirLock, LogError, PartitionLog, SystemClock};
+use crate::partition::{
+    lock_data_dir, Clock, DamageReport, DirLock, LogError, PartitionLog, SystemClock,
+};
 use crate::replication::fetcher::PartitionLookup;
 pub use crate::replication::LocalPartition;
 use crate::topic_config::TopicConfig;
@@ -76,8 +78,8 @@ impl PartitionManager {
     }
 
     /// Replicas assigned here that cannot serve, as (topic id, partition): those that
-    /// failed to open and those that went offline after an I/O error. The controllers
-    /// move leadership and ISR membership away from them.
+    /// failed to open, went offline after an I/O error, or met a corrupt batch on a read.
+    /// The controllers move leadership and ISR membership away from them.
     pub fn offline_replicas(&self) -> Vec<(String, u32)> {
         let mut offline: Vec<(String, u32)> = self
             .unopened
@@ -89,7 +91,7 @@ impl PartitionManager {
             self.partitions
                 .read()
                 .values()
-                .filter(|lp| lp.log.offline_reason().is_some())
+                .filter(|lp| lp.log.offline_reason().is_some() || !lp.log.damage_seen().is_empty())
                 .map(|lp| (lp.topic_id.clone(), lp.partition)),
         );
         offline.sort();
@@ -146,23 +148,46 @@ impl PartitionManager {
             drop(lp);
             delete_dir(&dir);
         }
+        let is_live = |b| {
+            image
+                .brokers
+                .get(&b)
+                .is_some_and(|r| r.state == BrokerState::Unfenced)
+        };
         for ((topic, partition), (topic_id, config, record)) in &wanted {
             let (topic, partition, topic_id) = (topic.clone(), *partition, topic_id.clone());
-            if let Some(lp) = self.get(&topic, partition) {
-                if lp.log.config() != *config {
-                    lp.log.update_config(config.clone());
-                }
-                continue;
-            }
             let key = (topic.clone(), partition);
-            let is_live = |b| {
-                image
-                    .brokers
-                    .get(&b)
-                    .is_some_and(|r| r.state == BrokerState::Unfenced)
-            };
             let refetch = may_refetch_damaged(self.broker_id, record, is_live);
-            match self.open_or_refetch(&topic, partition, &topic_id, config.clone(), refetch) {
+            let opened = match self.get(&topic, partition) {
+                Some(lp) => {
+                    if lp.log.config() != *config {
+                        lp.log.update_config(config.clone());
+                    }
+                    let seen = lp.log.damage_seen();
+                    if seen.is_empty() || !refetch {
+                        continue;
+                    }
+                    // A read met a corrupt batch: close this copy and cut it like one
+                    // that failed to open.
+                    self.partitions.write().remove(&key);
+                    if let Err(e) = lp.log.close_in_place() {
+                        tracing::warn!(partition = %lp.name(), error = %e, "closing a damaged partition failed");
+                    }
+                    let report = DamageReport {
+                        dir: lp.log.dir().to_owned(),
+                        ranges: seen,
+                    };
+                    drop(lp);
+                    self.cut_and_open(&topic, partition, &topic_id, config.clone(), &report)
+                }
+                None => match self.open(&topic, partition, &topic_id, config.clone()) {
+                    Err(LogError::Damaged(report)) if refetch => {
+                        self.cut_and_open(&topic, partition, &topic_id, config.clone(), &report)
+                    }
+                    other => other,
+                },
+            };
+            match opened {
                 Ok(lp) => {
                     self.unopened.write().remove(&key);
                     self.partitions.write().insert(key, Arc::new(lp));
@@ -184,32 +209,27 @@ impl PartitionManager {
         failures
     }
 
-    /// Opens a partition; when its data is damaged and `refetch` allows, cuts the log at
-    /// the first damage (setting the rest aside, nothing deleted) and opens what is left,
-    /// so the follower re-fetches the rest from the leader.
-    fn open_or_refetch(
+    /// Cuts a damaged partition at its first damage (setting the rest aside, nothing
+    /// deleted) and opens what is left, so the follower re-fetches the rest from the
+    /// leader. Only for a replica [`may_refetch_damaged`] allows.
+    fn cut_and_open(
         &self,
         topic: &str,
         partition: u32,
         topic_id: &str,
         config: TopicConfig,
-        refetch: bool,
+        report: &DamageReport,
     ) -> Result<LocalPartition, LogError> {
-        match self.open(topic, partition, topic_id, config.clone()) {
-            Err(LogError::Damaged(report)) if refetch => {
-                let now = self.clock.now_ms().max(0) as u64;
-                let aside = set_aside_from_first_damage(&report, now)?;
-                tracing::warn!(
-                    partition = %format!("{topic}-{partition}"),
-                    cut_offset = aside.cut_offset,
-                    files = aside.files,
-                    quarantine = %aside.quarantine.display(),
-                    "damaged partition cut at its first damage to re-fetch the rest from the leader; the files set aside are kept for inspection"
-                );
-                self.open(topic, partition, topic_id, config)
-            }
-            other => other,
-        }
+        let now = self.clock.now_ms().max(0) as u64;
+        let aside = set_aside_from_first_damage(report, now)?;
+        tracing::warn!(
+            partition = %format!("{topic}-{partition}"),
+            cut_offset = aside.cut_offset,
+            files = aside.files,
+            quarantine = %aside.quarantine.display(),
+            "damaged partition cut at its first damage to re-fetch the rest from the leader; the files set aside are kept for inspection"
+        );
+        self.open(topic, partition, topic_id, config)
     }
 
     fn open(
