@@ -164,28 +164,39 @@ impl PartitionManager {
                         lp.log.update_config(config.clone());
                     }
                     let seen = lp.log.damage_seen();
-                    if seen.is_empty() || !refetch {
+                    let failed = lp.log.offline_reason();
+                    if !refetch || (seen.is_empty() && failed.is_none()) {
                         continue;
                     }
-                    // A read met a corrupt batch: close this copy and cut it like one
-                    // that failed to open.
+                    // Another in-sync copy leads: replace this one with what its files
+                    // hold, cut at any damage.
                     self.partitions.write().remove(&key);
-                    if let Err(e) = lp.log.close_in_place() {
-                        tracing::warn!(partition = %lp.name(), error = %e, "closing a damaged partition failed");
-                    }
-                    let report = DamageReport {
-                        dir: lp.log.dir().to_owned(),
-                        ranges: seen,
+                    let report = match failed {
+                        Some(reason) => {
+                            tracing::warn!(partition = %lp.name(), %reason, "reopening an offline partition now that another replica leads it");
+                            None
+                        }
+                        None => {
+                            if let Err(e) = lp.log.close_in_place() {
+                                tracing::warn!(partition = %lp.name(), error = %e, "closing a damaged partition failed");
+                            }
+                            Some(DamageReport {
+                                dir: lp.log.dir().to_owned(),
+                                ranges: seen,
+                            })
+                        }
                     };
                     drop(lp);
-                    self.cut_and_open(&topic, partition, &topic_id, config.clone(), &report)
-                }
-                None => match self.open(&topic, partition, &topic_id, config.clone()) {
-                    Err(LogError::Damaged(report)) if refetch => {
-                        self.cut_and_open(&topic, partition, &topic_id, config.clone(), &report)
+                    match report {
+                        Some(report) => {
+                            self.cut_and_open(&topic, partition, &topic_id, config.clone(), &report)
+                        }
+                        None => {
+                            self.open_or_cut(&topic, partition, &topic_id, config.clone(), true)
+                        }
                     }
-                    other => other,
-                },
+                }
+                None => self.open_or_cut(&topic, partition, &topic_id, config.clone(), refetch),
             };
             match opened {
                 Ok(lp) => {
@@ -207,6 +218,24 @@ impl PartitionManager {
             self.delete_strays(image);
         }
         failures
+    }
+
+    /// Opens a partition; when its data is damaged and `refetch` allows, cuts it (see
+    /// [`Self::cut_and_open`]).
+    fn open_or_cut(
+        &self,
+        topic: &str,
+        partition: u32,
+        topic_id: &str,
+        config: TopicConfig,
+        refetch: bool,
+    ) -> Result<LocalPartition, LogError> {
+        match self.open(topic, partition, topic_id, config.clone()) {
+            Err(LogError::Damaged(report)) if refetch => {
+                self.cut_and_open(topic, partition, topic_id, config, &report)
+            }
+            other => other,
+        }
     }
 
     /// Cuts a damaged partition at its first damage (setting the rest aside, nothing
@@ -353,5 +382,110 @@ fn delete_dir(dir: &Path) {
     };
     if let Err(e) = std::fs::remove_dir_all(&doomed) {
         tracing::warn!(dir = %doomed.display(), error = %e, "could not delete a partition directory");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::model::{BrokerRecord, TopicRecord};
+    use crate::record::{BatchBuilder, Compression, RecordRef};
+    use crate::types::LeaderEpoch;
+
+    const ME: BrokerId = BrokerId(1);
+    const OTHER: BrokerId = BrokerId(2);
+
+    /// Topic `t` (id `tid`), one partition on brokers 2 and 1, led by 2, with `isr`.
+    fn image(isr: &[BrokerId]) -> MetadataImage {
+        let mut image = MetadataImage::default();
+        for id in [ME, OTHER] {
+            image.brokers.insert(
+                id,
+                BrokerRecord {
+                    id,
+                    address: String::new(),
+                    rack: None,
+                    internal_address: String::new(),
+                    incarnation_id: String::new(),
+                    epoch: 1,
+                    state: BrokerState::Unfenced,
+                },
+            );
+        }
+        image.topics.insert(
+            "t".to_owned(),
+            TopicRecord {
+                id: "tid".to_owned(),
+                name: "t".to_owned(),
+                replication_factor: 2,
+                config: Default::default(),
+                partitions: vec![PartitionRecord {
+                    partition: 0,
+                    replicas: vec![OTHER, ME],
+                    isr: isr.to_vec(),
+                    leader: Some(OTHER),
+                    leader_epoch: 0,
+                    partition_epoch: 0,
+                    adding_replicas: Vec::new(),
+                    removing_replicas: Vec::new(),
+                    offline_replicas: Vec::new(),
+                }],
+            },
+        );
+        image
+    }
+
+    fn append(lp: &LocalPartition, n: usize) -> Result<(), LogError> {
+        let mut b = BatchBuilder::new(Compression::None);
+        for _ in 0..n {
+            b.push(RecordRef {
+                timestamp: 0,
+                key: None,
+                value: Some(b"v"),
+                headers: &[],
+            });
+        }
+        let mut batch = b.build(lp.log.log_end_offset().0 as i64).unwrap();
+        lp.log
+            .append_as_leader(&mut batch, LeaderEpoch(0))
+            .map(|_| ())
+    }
+
+    #[test]
+    fn a_failed_replica_is_reported_and_reopened_only_once_another_copy_leads() {
+        let dir = tempfile::tempdir().unwrap();
+        let manager = PartitionManager::new(dir.path(), ME).unwrap();
+        assert!(manager.reconcile(&image(&[OTHER, ME])).is_empty());
+        let first = manager.get("t", 0).unwrap();
+        append(&first, 3).unwrap();
+        crate::segment::fail_next_append(0, libc::EIO);
+        assert!(append(&first, 1).is_err());
+        assert!(first.log.offline_reason().is_some());
+        assert_eq!(manager.offline_replicas(), vec![("tid".to_owned(), 0)]);
+        // Still in the ISR: the controllers have not moved it yet, so it stays as it is.
+        assert!(manager.reconcile(&image(&[OTHER, ME])).is_empty());
+        assert!(Arc::ptr_eq(&first, &manager.get("t", 0).unwrap()));
+        // Out of the ISR with another live leader: reopened from its files.
+        assert!(manager.reconcile(&image(&[OTHER])).is_empty());
+        let second = manager.get("t", 0).unwrap();
+        assert!(!Arc::ptr_eq(&first, &second));
+        assert!(second.log.offline_reason().is_none());
+        assert_eq!(second.log.log_end_offset().0, 3);
+        assert!(manager.offline_replicas().is_empty());
+    }
+
+    #[test]
+    fn may_refetch_only_from_another_live_leader_when_out_of_the_isr() {
+        let image = image(&[OTHER]);
+        let p = &image.topics["t"].partitions[0];
+        assert!(may_refetch_damaged(ME, p, |_| true));
+        assert!(!may_refetch_damaged(ME, p, |b| b != OTHER));
+        assert!(!may_refetch_damaged(OTHER, p, |_| true));
+        let mut in_isr = p.clone();
+        in_isr.isr.push(ME);
+        assert!(!may_refetch_damaged(ME, &in_isr, |_| true));
+        let mut leaderless = p.clone();
+        leaderless.leader = None;
+        assert!(!may_refetch_damaged(ME, &leaderless, |_| true));
     }
 }
