@@ -27,6 +27,8 @@ pub struct ControllerConfig {
     /// The internal listener (Raft, broker lifecycle, forwarded admin calls); empty: the
     /// host of `listen` with its port + 100.
     pub internal_listen: String,
+    /// The HTTP port (metrics, health); empty or `none`: off.
+    pub http_listen: String,
     /// Every voter's internal listener as `id=host:port`, comma-separated (including
     /// this node).
     pub peers: String,
@@ -74,6 +76,7 @@ impl Default for ControllerConfig {
             node_id: 1,
             listen: "127.0.0.1:9293".to_owned(),
             internal_listen: String::new(),
+            http_listen: String::new(),
             peers: String::new(),
             cluster_secret_file: String::new(),
             data_dir: PathBuf::from("./tidelog-data"),
@@ -203,6 +206,9 @@ pub struct BrokerConfig {
     /// The address other brokers use to reach the internal listener; the bound address
     /// when empty.
     pub internal_advertised_address: String,
+    /// The HTTP port (metrics, health); `none`: off; empty: off for a broker, and
+    /// [`STANDALONE_HTTP_LISTEN`] for `standalone`.
+    pub http_listen: String,
     /// The controllers' internal listeners, comma-separated.
     pub controllers: String,
     /// A file holding the secret every node of the cluster shares (at least 16 bytes);
@@ -269,6 +275,7 @@ impl Default for BrokerConfig {
             advertised_address: String::new(),
             internal_listen: String::new(),
             internal_advertised_address: String::new(),
+            http_listen: String::new(),
             controllers: "127.0.0.1:9393".to_owned(),
             cluster_secret_file: String::new(),
             data_dir: PathBuf::from("./tidelog-data"),
@@ -383,6 +390,19 @@ impl BrokerConfig {
             return bad("log_retention_check_interval_ms must be at least 1".to_owned());
         }
         Ok(())
+    }
+}
+
+/// `standalone`'s HTTP port when `http_listen` is not set.
+pub const STANDALONE_HTTP_LISTEN: &str = "127.0.0.1:9644";
+
+/// The address an optional listener binds: `None` when it is off (`none`, or empty
+/// without a default).
+pub fn optional_listen(value: &str, default: Option<&str>) -> Option<String> {
+    match value.trim() {
+        "none" => None,
+        "" => default.map(str::to_owned),
+        v => Some(v.to_owned()),
     }
 }
 

@@ -18,6 +18,7 @@ pub mod client;
 pub mod config;
 pub mod controller;
 pub mod error_code;
+pub mod http;
 pub mod net;
 pub mod partition;
 pub mod record;

@@ -13,4 +13,5 @@ pub mod port_guard;
 pub mod proto;
 pub mod raft_service;
 pub mod replication_service;
+pub mod request_metrics;
 pub mod status;

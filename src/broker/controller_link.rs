@@ -53,6 +53,21 @@ pub struct BrokerIdentity {
     pub rack: Option<String>,
 }
 
+/// What [`ControllerLink::status`] reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinkStatus {
+    /// The controllers gave this process a broker epoch.
+    pub registered: bool,
+    /// The last heartbeat answer said fenced (true until the first says otherwise).
+    pub fenced: bool,
+    /// The metadata version this broker has applied.
+    pub metadata_version: u64,
+    /// The controllers' metadata version at the last heartbeat answer.
+    pub controller_version: u64,
+    /// False once the lease lapsed and no controller answers.
+    pub controllers_reachable: bool,
+}
+
 /// The link between a broker and the controller quorum.
 pub struct ControllerLink {
     client: ControllerClient,
@@ -136,6 +151,17 @@ impl ControllerLink {
     /// Whether the controller last answered that this broker is fenced.
     pub fn is_fenced(&self) -> bool {
         self.fenced.load(Ordering::SeqCst)
+    }
+
+    /// Registration, fencing and metadata progress, for health probes.
+    pub fn status(&self) -> LinkStatus {
+        LinkStatus {
+            registered: self.epoch.load(Ordering::SeqCst) > 0,
+            fenced: self.is_fenced(),
+            metadata_version: self.metadata.version(),
+            controller_version: self.controller_version.load(Ordering::SeqCst),
+            controllers_reachable: self.lease.controllers_reachable(),
+        }
     }
 
     /// Registers, retrying until `deadline`. When another process holds this broker id,

@@ -275,6 +275,12 @@ impl BrokerNode {
         // cost more than the write itself. Only an fsync the flush policy asks for goes
         // to a blocking thread.
         let (info, durable_target) = local.append_as_leader_deferred(&mut batches, epoch)?;
+        if !info.duplicate {
+            metrics::counter!("tidelog_records_in_total", "topic" => topic.to_owned())
+                .increment(info.record_count);
+            metrics::counter!("tidelog_bytes_in_total", "topic" => topic.to_owned())
+                .increment(batches.len() as u64);
+        }
         if let Some(target) = durable_target {
             let replica = local.clone();
             tokio::task::spawn_blocking(move || replica.sync_to(target))
@@ -450,6 +456,7 @@ impl BrokerNode {
                 .sum();
             let any_error = results.iter().any(Result::is_err);
             if total >= min_bytes || any_error || changes.is_empty() || Instant::now() >= deadline {
+                count_out(&targets, &results);
                 return results;
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -673,5 +680,20 @@ impl BrokerNode {
                 })
             }
         }
+    }
+}
+
+/// Counts records and bytes a consumer fetch sends, per topic.
+fn count_out(targets: &[FetchTarget], results: &[Result<FetchData, BrokerError>]) {
+    for (target, result) in targets.iter().zip(results) {
+        let Ok(data) = result else { continue };
+        if data.records.is_empty() {
+            continue;
+        }
+        let records = crate::record::count_records(&data.records);
+        metrics::counter!("tidelog_records_out_total", "topic" => target.topic.clone())
+            .increment(records);
+        metrics::counter!("tidelog_bytes_out_total", "topic" => target.topic.clone())
+            .increment(data.records.len() as u64);
     }
 }

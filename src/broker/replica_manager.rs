@@ -316,6 +316,13 @@ impl ReplicaManager {
                     };
                     match result {
                         Ok(p) => {
+                            let kind = if p.isr.len() < lp.leader_isr().map_or(0, |i| i.len()) {
+                                "shrink"
+                            } else {
+                                "expand"
+                            };
+                            metrics::counter!("tidelog_isr_changes_total", "change" => kind)
+                                .increment(1);
                             lp.isr_change_done(&change, Some((p.isr, p.partition_epoch)), now_ms());
                         }
                         Err(e) => {

@@ -26,6 +26,9 @@ pub struct ControllerArgs {
     /// Where the Raft log and snapshots live (default ./tidelog-data).
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
+    /// HTTP address for /metrics and /health/* (`none`: off); default off.
+    #[arg(long)]
+    pub http_listen: Option<String>,
     /// A TOML file of settings (see config/tidelog.toml).
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -40,6 +43,7 @@ impl ControllerArgs {
                 ("node_id", self.node_id.map(|v| v.to_string())),
                 ("listen", self.listen.clone()),
                 ("internal_listen", self.internal_listen.clone()),
+                ("http_listen", self.http_listen.clone()),
                 ("peers", self.peers.clone()),
                 (
                     "cluster_secret_file",

@@ -30,6 +30,9 @@ pub struct BrokerArgs {
     /// This broker's rack, for rack-aware placement.
     #[arg(long)]
     pub rack: Option<String>,
+    /// HTTP address for /metrics and /health/* (`none`: off); default off.
+    #[arg(long)]
+    pub http_listen: Option<String>,
     /// A TOML file of settings (see config/tidelog.toml).
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -51,6 +54,9 @@ pub struct StandaloneArgs {
     /// A file holding the secret all nodes of the cluster share (>= 16 bytes).
     #[arg(long)]
     pub cluster_secret_file: Option<PathBuf>,
+    /// HTTP address for /metrics and /health/* (`none`: off); default 127.0.0.1:9644.
+    #[arg(long)]
+    pub http_listen: Option<String>,
     /// A TOML file of settings (see config/tidelog.toml).
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -72,6 +78,7 @@ pub fn run_broker(args: &BrokerArgs) -> Result<(), CliError> {
             ("broker_id", args.broker_id.map(|v| v.to_string())),
             ("listen", args.listen.clone()),
             ("internal_listen", args.internal_listen.clone()),
+            ("http_listen", args.http_listen.clone()),
             ("controllers", args.controllers.clone()),
             (
                 "cluster_secret_file",
@@ -99,6 +106,7 @@ pub fn run_standalone(args: &StandaloneArgs) -> Result<(), CliError> {
     let flags = [
         ("listen", args.listen.clone()),
         ("internal_listen", args.internal_listen.clone()),
+        ("http_listen", args.http_listen.clone()),
         (
             "cluster_secret_file",
             args.cluster_secret_file

@@ -122,6 +122,23 @@ pub fn classify(first: &[u8]) -> Preface {
     Preface::Foreign(guess)
 }
 
+/// Counts a connection in `tidelog_connections_active` while it lives.
+#[derive(Debug)]
+struct OpenGauge(&'static str);
+
+impl OpenGauge {
+    fn new(listener: &'static str) -> Self {
+        metrics::gauge!("tidelog_connections_active", "listener" => listener).increment(1.0);
+        Self(listener)
+    }
+}
+
+impl Drop for OpenGauge {
+    fn drop(&mut self) {
+        metrics::gauge!("tidelog_connections_active", "listener" => self.0).decrement(1.0);
+    }
+}
+
 /// One accepted connection; holds its place under the connection limit until dropped.
 /// Reads end (EOF) once it has been idle for the listener's idle timeout, which makes
 /// the gRPC server close it.
@@ -129,15 +146,22 @@ pub fn classify(first: &[u8]) -> Preface {
 pub struct Conn {
     stream: TcpStream,
     _permit: OwnedSemaphorePermit,
+    _open: OpenGauge,
     idle_timeout: Duration,
     idle: Pin<Box<tokio::time::Sleep>>,
 }
 
 impl Conn {
-    fn new(stream: TcpStream, permit: OwnedSemaphorePermit, idle_timeout: Duration) -> Self {
+    fn new(
+        stream: TcpStream,
+        permit: OwnedSemaphorePermit,
+        idle_timeout: Duration,
+        listener: &'static str,
+    ) -> Self {
         Self {
             stream,
             _permit: permit,
+            _open: OpenGauge::new(listener),
             idle_timeout,
             idle: Box::pin(tokio::time::sleep(idle_timeout)),
         }
@@ -297,7 +321,7 @@ pub fn serve_incoming(
                 match handshake(&mut stream, nodes.as_deref(), limits.handshake_timeout).await {
                     Ok(()) => {
                         let _ = tx
-                            .send(Ok(Conn::new(stream, permit, limits.idle_timeout)))
+                            .send(Ok(Conn::new(stream, permit, limits.idle_timeout, what)))
                             .await;
                     }
                     Err(why) => {

@@ -934,6 +934,7 @@ impl PartitionLog {
             let dir_dirty = std::mem::take(&mut state.dir_dirty);
             (state.log_end_offset(), files, dir_dirty)
         };
+        let started = std::time::Instant::now();
         let mut result = self.fault(FaultSite::Fsync).and_then(|()| {
             files?
                 .iter()
@@ -942,6 +943,8 @@ impl PartitionLog {
         if result.is_ok() && dir_dirty {
             result = checkpoint::sync_dir(&self.dir).map_err(|e| LogError::io(&self.dir, e));
         }
+        metrics::histogram!("tidelog_log_flush_duration_seconds")
+            .record(started.elapsed().as_secs_f64());
         if let Err(error) = result {
             let mut state = self.write_state();
             self.go_offline(&mut state, &error);

@@ -82,6 +82,26 @@ fn be_i16(b: &[u8], at: usize) -> i16 {
     i16::from_be_bytes(b[at..at + 2].try_into().expect("2-byte slice"))
 }
 
+/// Records in the whole batches at the start of `buf`, by their headers' counts (a
+/// trailing partial batch counts nothing); no CRC or record decoding.
+pub fn count_records(buf: &[u8]) -> u64 {
+    let mut total = 0u64;
+    let mut at = 0usize;
+    while buf.len() - at >= HEADER_LEN {
+        let length = be_i32(buf, at + 8);
+        let Some(end) = usize::try_from(length)
+            .ok()
+            .and_then(|l| (at + 12).checked_add(l))
+            .filter(|end| *end <= buf.len() && *end >= at + HEADER_LEN)
+        else {
+            break;
+        };
+        total += u64::try_from(be_i32(buf, at + 57)).unwrap_or(0);
+        at = end;
+    }
+    total
+}
+
 impl BatchHeader {
     /// Decodes the header from the first [`HEADER_LEN`] bytes of `buf`.
     ///

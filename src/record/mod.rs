@@ -15,8 +15,9 @@ mod record_codec;
 pub mod varint;
 
 pub use batch::{
-    compute_crc, decode_data_records, peek_total_size, set_base_offset, set_partition_leader_epoch,
-    BatchHeader, BatchIter, RecordBatch, CRC_START, HEADER_LEN, LOG_OVERHEAD, MAGIC,
+    compute_crc, count_records, decode_data_records, peek_total_size, set_base_offset,
+    set_partition_leader_epoch, BatchHeader, BatchIter, RecordBatch, CRC_START, HEADER_LEN,
+    LOG_OVERHEAD, MAGIC,
 };
 pub use builder::BatchBuilder;
 pub use compression::Compression;

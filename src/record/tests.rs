@@ -360,3 +360,29 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    /// `count_records` sums the counts of the whole batches and never reads past the end.
+    #[test]
+    fn count_records_counts_whole_batches(
+        sizes in proptest::collection::vec(1usize..20, 1..5),
+        cut in 0usize..200,
+        garbage in proptest::collection::vec(any::<u8>(), 0..100),
+    ) {
+        let mut buf = Vec::new();
+        let mut next = 0i64;
+        for n in &sizes {
+            let records: Vec<OwnedRecord> = (0..*n)
+                .map(|i| OwnedRecord { timestamp: i as i64, key: None, value: Some(vec![1; 10]), headers: Vec::new() })
+                .collect();
+            buf.extend(build(Compression::None, &records, next));
+            next += *n as i64;
+        }
+        prop_assert_eq!(count_records(&buf), sizes.iter().sum::<usize>() as u64);
+        let last = *sizes.last().unwrap() as u64;
+        let cut_at = buf.len() - 1 - cut.min(buf.len() - 1).min(20);
+        prop_assert_eq!(count_records(&buf[..cut_at]), sizes.iter().sum::<usize>() as u64 - last);
+        // Arbitrary bytes never make it read out of bounds.
+        let _ = count_records(&garbage);
+    }
+}

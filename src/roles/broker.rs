@@ -19,6 +19,7 @@ use crate::api::proto::broker_server::BrokerServer;
 use crate::api::proto::groups_server::GroupsServer;
 use crate::api::proto::replication_server::ReplicationServer;
 use crate::api::replication_service::ReplicationService;
+use crate::api::request_metrics::RequestMetricsLayer;
 use crate::broker::controller_link::{BrokerIdentity, ControllerLink};
 use crate::broker::group::{GroupCoordinator, GroupSettings};
 use crate::broker::lease::LeaderLease;
@@ -310,6 +311,14 @@ impl BrokerRuntime {
         Ok(())
     }
 
+    /// What the HTTP port reads of this broker.
+    pub fn http_role(&self) -> crate::http::health::BrokerRole {
+        crate::http::health::BrokerRole {
+            node: self.node.clone(),
+            link: self.link.clone(),
+        }
+    }
+
     /// Stops the fetchers and closes every partition cleanly.
     pub async fn close(&self) {
         self.replicas.stop().await;
@@ -340,6 +349,7 @@ pub async fn run(config: BrokerConfig) -> Result<(), RoleError> {
     health.set_serving::<BrokerServer<BrokerService>>().await;
     let (reflection, reflection_alpha) = super::reflection(super::BROKER_SERVICES)?;
     let client = super::server_builder()
+        .layer(RequestMetricsLayer)
         .layer(CodeLayer)
         .layer(RefuseInternalLayer)
         .add_service(broker)
@@ -373,6 +383,12 @@ pub async fn run(config: BrokerConfig) -> Result<(), RoleError> {
         );
     let server = tokio::spawn(async move { tokio::try_join!(client, internal).map(|_| ()) });
     let stop = shutdown_signal();
+    let http = crate::config::optional_listen(&config.http_listen, None);
+    let roles = crate::http::Roles {
+        controller: None,
+        broker: Some(runtime.http_role()),
+    };
+    super::start_http(http, roles, &tasks, cancel.clone()).await?;
     runtime.start(&tasks, &cancel).await?;
     tracing::info!(broker_id = config.broker_id, %address, %internal_address, data_dir = %config.data_dir.display(), "broker started");
     announce_ready("broker", address);

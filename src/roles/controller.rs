@@ -15,6 +15,7 @@ use crate::api::proto::admin_server::AdminServer;
 use crate::api::proto::controller_server::ControllerServer;
 use crate::api::proto::raft_server::RaftServer;
 use crate::api::raft_service::RaftService;
+use crate::api::request_metrics::RequestMetricsLayer;
 use crate::config::ControllerConfig;
 use crate::controller::ControllerNode;
 use crate::net::node_auth::ClusterSecret;
@@ -35,6 +36,12 @@ pub async fn run(mut config: ControllerConfig) -> Result<(), RoleError> {
     let tasks = TaskTracker::new();
     tasks.spawn(node.clone().run_housekeeping(cancel.clone()));
     tasks.spawn(node.clone().watch_core(cancel.clone()));
+    let http = crate::config::optional_listen(&config.http_listen, None);
+    let roles = crate::http::Roles {
+        controller: Some(node.clone()),
+        broker: None,
+    };
+    super::start_http(http, roles, &tasks, cancel.clone()).await?;
     let server = tasks.spawn(serve(
         node.clone(),
         Listeners {
@@ -90,6 +97,7 @@ pub async fn serve(
         .await;
     let (reflection, reflection_alpha) = super::reflection(super::CONTROLLER_SERVICES)?;
     let client = super::server_builder()
+        .layer(RequestMetricsLayer)
         .layer(CodeLayer)
         .layer(RefuseInternalLayer)
         .add_service(AdminServer::new(ControllerAdminService::new(

@@ -117,6 +117,29 @@ pub async fn bind(address: &str) -> Result<(tokio::net::TcpListener, SocketAddr)
     Ok((listener, local))
 }
 
+/// Binds the HTTP port (metrics, health) when `address` is set and serves it in a task
+/// of `tasks` until `cancel`; returns the bound address. A bind failure stops the role,
+/// as for its other listeners.
+pub async fn start_http(
+    address: Option<String>,
+    roles: crate::http::Roles,
+    tasks: &tokio_util::task::TaskTracker,
+    cancel: tokio_util::sync::CancellationToken,
+) -> Result<Option<SocketAddr>, RoleError> {
+    let Some(address) = address else {
+        return Ok(None);
+    };
+    crate::http::install_recorder();
+    let (listener, local) = bind(&address).await?;
+    tasks.spawn(async move {
+        if let Err(e) = crate::http::serve(listener, roles, cancel).await {
+            tracing::error!(%local, error = %e, "HTTP server failed");
+        }
+    });
+    tracing::info!(%local, "serving /metrics and /health on HTTP");
+    Ok(Some(local))
+}
+
 /// How often a server pings a connection that has been quiet (HTTP/2 keepalive).
 pub const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
 /// How long a ping may go unanswered before the connection is closed: a peer that died,

@@ -24,6 +24,7 @@ use crate::api::proto::broker_server::BrokerServer;
 use crate::api::proto::controller_server::ControllerServer;
 use crate::api::proto::raft_server::RaftServer;
 use crate::api::raft_service::RaftService;
+use crate::api::request_metrics::RequestMetricsLayer;
 use crate::config::{BrokerConfig, ControllerConfig};
 use crate::controller::ControllerNode;
 use crate::net::node_auth::ClusterSecret;
@@ -70,6 +71,7 @@ pub async fn run(
     health.set_serving::<BrokerServer<BrokerService>>().await;
     let (reflection, reflection_alpha) = super::reflection(super::BROKER_SERVICES)?;
     let client = super::server_builder()
+        .layer(RequestMetricsLayer)
         .layer(CodeLayer)
         .layer(RefuseInternalLayer)
         .add_service(broker_service)
@@ -113,6 +115,15 @@ pub async fn run(
         );
     let server = tokio::spawn(async move { tokio::try_join!(client, internal).map(|_| ()) });
     let stop = shutdown_signal();
+    let http = crate::config::optional_listen(
+        &broker.http_listen,
+        Some(crate::config::STANDALONE_HTTP_LISTEN),
+    );
+    let roles = crate::http::Roles {
+        controller: Some(node.clone()),
+        broker: Some(runtime.http_role()),
+    };
+    super::start_http(http, roles, &tasks, cancel.clone()).await?;
     runtime.start(&tasks, &cancel).await?;
     tracing::info!(%address, %internal_address, data_dir = %broker.data_dir.display(), "standalone started");
     announce_ready("standalone", address);

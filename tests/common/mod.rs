@@ -103,7 +103,9 @@ impl Proc {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(stderr)
-            .env("RUST_LOG", "info,openraft=warn");
+            .env("RUST_LOG", "info,openraft=warn")
+            // Many servers run at once: no default HTTP port unless a test asks for one.
+            .env("TIDELOG_HTTP_LISTEN", "none");
         for (k, v) in envs {
             cmd.env(k, v);
         }
@@ -201,6 +203,28 @@ impl Drop for Proc {
     fn drop(&mut self) {
         self.kill9();
     }
+}
+
+/// One HTTP/1.1 GET of `path` at `address`; returns (status, body).
+pub fn http_get(address: &str, path: &str) -> std::io::Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address)?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, b)| b.to_owned());
+    Ok((status, body))
 }
 
 /// Runs a client subcommand to completion; returns (success, stdout, stderr).
@@ -412,6 +436,8 @@ pub struct BrokerCluster {
     pub dir: tempfile::TempDir,
     pub controllers: Controllers,
     pub broker_ports: Vec<u16>,
+    /// Per broker: its HTTP port (metrics, health).
+    pub http_ports: Vec<u16>,
     pub brokers: Vec<Option<Proc>>,
     /// Per broker: the proxy its controller links go through, when it has one.
     pub links: Vec<Option<LinkProxy>>,
@@ -454,6 +480,7 @@ impl BrokerCluster {
             dir: tempfile::tempdir().unwrap(),
             controllers,
             broker_ports: free_ports(n),
+            http_ports: free_ports(n),
             brokers: (0..n).map(|_| None).collect(),
             links,
             extra_env: env
@@ -504,6 +531,11 @@ impl BrokerCluster {
         ]
     }
 
+    /// Broker `id`'s HTTP port (metrics, health).
+    pub fn broker_http_address(&self, id: i32) -> String {
+        format!("127.0.0.1:{}", self.http_ports[id as usize - 1])
+    }
+
     /// See the name.
     pub fn broker_address(&self, id: i32) -> String {
         format!("127.0.0.1:{}", self.broker_ports[id as usize - 1])
@@ -530,6 +562,7 @@ impl BrokerCluster {
                 .to_string(),
         ];
         args.extend(self.secret_args());
+        args.extend(["--http-listen".into(), self.broker_http_address(id)]);
         self.brokers[id as usize - 1] =
             Some(Proc::start("broker", &args, &self.envs(), self.dir.path()));
     }

@@ -1,0 +1,236 @@
+//! The HTTP port with real processes: `/metrics` parsed by a Prometheus text parser and
+//! checked against what was produced and consumed; `/health/live` and `/health/ready`,
+//! including a broker cut off from its controllers.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::{cli, eventually, free_ports, http_get, BrokerCluster, Proc};
+use prometheus_parse::{Sample, Scrape, Value};
+
+/// Scrapes `/metrics` at `address` and parses it.
+fn scrape(address: &str) -> Scrape {
+    let (status, body) = http_get(address, "/metrics").expect("GET /metrics");
+    assert_eq!(status, 200, "{body}");
+    Scrape::parse(body.lines().map(|l| Ok(l.to_owned()))).expect("Prometheus text format")
+}
+
+/// The samples of `name` whose labels include `labels`.
+fn samples<'a>(scrape: &'a Scrape, name: &str, labels: &[(&str, &str)]) -> Vec<&'a Sample> {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == name)
+        .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .collect()
+}
+
+/// The sum of the counter or gauge values of `name` with `labels`.
+fn sum(scrape: &Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
+    samples(scrape, name, labels)
+        .iter()
+        .map(|s| match s.value {
+            Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => v,
+            _ => 0.0,
+        })
+        .sum()
+}
+
+#[test]
+fn standalone_metrics_count_what_was_produced_and_consumed() {
+    let dir = tempfile::tempdir().unwrap();
+    let ports = free_ports(2);
+    let bootstrap = format!("127.0.0.1:{}", ports[0]);
+    let http = format!("127.0.0.1:{}", ports[1]);
+    let _server = Proc::start(
+        "standalone",
+        &[
+            "--data-dir".into(),
+            dir.path().join("data").display().to_string(),
+            "--listen".into(),
+            bootstrap.clone(),
+            "--http-listen".into(),
+            http.clone(),
+        ],
+        common::FAST_RAFT,
+        dir.path(),
+    );
+    let (status, body) = http_get(&http, "/health/live").unwrap();
+    assert_eq!((status, body.contains("live")), (200, true), "{body}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let ready = loop {
+        let (status, body) = http_get(&http, "/health/ready").unwrap();
+        if status == 200 {
+            break body;
+        }
+        assert_eq!(status, 503, "{body}");
+        assert!(std::time::Instant::now() < deadline, "never ready: {body}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let ready: serde_json::Value = serde_json::from_str(&ready).unwrap();
+    assert_eq!(ready["broker"]["ready"], true, "{ready}");
+    assert_eq!(ready["controller"]["ready"], true, "{ready}");
+
+    let (ok, _, err) = cli(&[
+        "topics",
+        "create",
+        "--topic",
+        "metered",
+        "--partitions",
+        "3",
+        "--bootstrap",
+        &bootstrap,
+    ]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = cli(&[
+        "perf",
+        "produce",
+        "--topic",
+        "metered",
+        "--num-records",
+        "1000",
+        "--record-size",
+        "100",
+        "--acks",
+        "all",
+        "--bootstrap",
+        &bootstrap,
+    ]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = cli(&[
+        "consume",
+        "--topic",
+        "metered",
+        "--from-beginning",
+        "--timeout-ms",
+        "2000",
+        "--bootstrap",
+        &bootstrap,
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(out.lines().count(), 1000);
+
+    let m = scrape(&http);
+    let topic = [("topic", "metered")];
+    assert_eq!(sum(&m, "tidelog_records_in_total", &topic), 1000.0);
+    assert!(sum(&m, "tidelog_bytes_in_total", &topic) > 100_000.0);
+    // The console consumer may re-read a partition's tail; never fewer than were stored.
+    assert!(sum(&m, "tidelog_records_out_total", &topic) >= 1000.0);
+    assert!(sum(&m, "tidelog_bytes_out_total", &topic) > 100_000.0);
+    assert_eq!(sum(&m, "tidelog_partition_log_end_offset", &topic), 1000.0);
+    assert_eq!(sum(&m, "tidelog_partition_high_watermark", &topic), 1000.0);
+    assert!(sum(&m, "tidelog_partition_size_bytes", &topic) > 100_000.0);
+    assert_eq!(sum(&m, "tidelog_raft_is_leader", &[]), 1.0);
+    assert!(sum(&m, "tidelog_partitions_leader", &[]) >= 3.0);
+    assert_eq!(sum(&m, "tidelog_partitions_under_replicated", &[]), 0.0);
+    assert_eq!(
+        sum(&m, "tidelog_cluster_brokers", &[("state", "unfenced")]),
+        1.0
+    );
+    assert!(sum(&m, "tidelog_process_open_fds", &[]) > 0.0);
+    assert!(sum(&m, "tidelog_process_resident_memory_bytes", &[]) > 1e6);
+    assert_eq!(sum(&m, "tidelog_build_info", &[]), 1.0);
+    let produce = [("protocol", "grpc"), ("api", "Produce")];
+    assert!(sum(&m, "tidelog_requests_total", &produce) >= 1.0);
+    let histogram = samples(&m, "tidelog_request_duration_seconds", &produce);
+    assert!(
+        histogram
+            .iter()
+            .any(|s| matches!(&s.value, Value::Histogram(buckets) if !buckets.is_empty())),
+        "Produce latency is a histogram: {histogram:?}"
+    );
+    // A refused call is counted by its code.
+    let (ok, _, _) = cli(&[
+        "topics",
+        "describe",
+        "--topic",
+        "missing",
+        "--bootstrap",
+        &bootstrap,
+    ]);
+    assert!(!ok);
+    let m = scrape(&http);
+    let errors: BTreeMap<String, f64> = samples(&m, "tidelog_request_errors_total", &[])
+        .iter()
+        .map(|s| {
+            let code = s.labels.get("code").unwrap_or_default().to_owned();
+            let v = match s.value {
+                Value::Counter(v) => v,
+                _ => 0.0,
+            };
+            (code, v)
+        })
+        .collect();
+    assert!(
+        errors
+            .get("UNKNOWN_TOPIC_OR_PARTITION")
+            .is_some_and(|v| *v >= 1.0),
+        "{errors:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leader_counts_under_replicated_partitions_and_a_cut_off_broker_is_not_ready() {
+    let mut c = BrokerCluster::build(1, 3, &[("TIDELOG_REPLICA_LAG_TIME_MAX_MS", "1500")], true);
+    let bootstrap = c.bootstrap().join(",");
+    let (ok, _, err) = cli(&[
+        "topics",
+        "create",
+        "--topic",
+        "watched",
+        "--partitions",
+        "3",
+        "--replication-factor",
+        "3",
+        "--bootstrap",
+        &bootstrap,
+    ]);
+    assert!(ok, "{err}");
+    for b in 1..=3 {
+        let address = c.broker_http_address(b);
+        eventually("every broker ready", Duration::from_secs(20), || {
+            let address = address.clone();
+            async move { (http_get(&address, "/health/ready").ok()?.0 == 200).then_some(()) }
+        })
+        .await;
+    }
+    // Broker 3 stops: the leaders of partitions it followed count them under-replicated.
+    c.brokers[2].as_mut().unwrap().kill9();
+    eventually(
+        "under-replicated partitions on the remaining leaders",
+        Duration::from_secs(30),
+        || {
+            let total: f64 = (1..=2)
+                .map(|b| {
+                    sum(
+                        &scrape(&c.broker_http_address(b)),
+                        "tidelog_partitions_under_replicated",
+                        &[],
+                    )
+                })
+                .sum();
+            async move { (total > 0.0).then_some(()) }
+        },
+    )
+    .await;
+    // Broker 1 loses its controllers: not ready, and ready again once they answer.
+    c.links[0].as_ref().unwrap().cut();
+    let address = c.broker_http_address(1);
+    let body = eventually("broker 1 not ready", Duration::from_secs(30), || {
+        let address = address.clone();
+        async move {
+            let (status, body) = http_get(&address, "/health/ready").ok()?;
+            (status == 503).then_some(body)
+        }
+    })
+    .await;
+    assert!(body.contains("controllers"), "{body}");
+    c.links[0].as_ref().unwrap().heal();
+    eventually("broker 1 ready again", Duration::from_secs(30), || {
+        let address = address.clone();
+        async move { (http_get(&address, "/health/ready").ok()?.0 == 200).then_some(()) }
+    })
+    .await;
+}
