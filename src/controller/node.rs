@@ -113,6 +113,8 @@ pub struct NodeStatus {
     pub last_log_index: u64,
     /// The leader, when known.
     pub leader: Option<NodeId>,
+    /// Last log index covered by the latest snapshot.
+    pub snapshot_index: u64,
     /// On the leader: each follower's matched index.
     pub matched: BTreeMap<NodeId, u64>,
 }
@@ -355,7 +357,11 @@ impl ControllerNode {
         &self,
         cmd: MetadataCommand,
     ) -> Result<(CommandOutput, u64), ControllerError> {
-        match tokio::time::timeout(self.write_timeout, self.raft.client_write(cmd)).await {
+        let started = Instant::now();
+        let written = tokio::time::timeout(self.write_timeout, self.raft.client_write(cmd)).await;
+        metrics::histogram!("tidelog_controller_write_duration_seconds")
+            .record(started.elapsed().as_secs_f64());
+        match written {
             Err(_) => Err(ControllerError::Timeout(format!(
                 "the metadata write was not committed within {} ms",
                 self.write_timeout.as_millis()
@@ -784,8 +790,14 @@ impl ControllerNode {
         self.heard.lock().insert(hb.broker_id);
         let (id, epoch) = (hb.broker_id, hb.broker_epoch);
         // Before unfencing: a replica reported offline must not be elected on the way.
-        self.update_offline_replicas(id, epoch, &hb.offline_replicas)
-            .await?;
+        // A failure here must not fail the heartbeat (the broker's lease depends on it):
+        // the next heartbeat reports the same list again.
+        if let Err(e) = self
+            .update_offline_replicas(id, epoch, &hb.offline_replicas)
+            .await
+        {
+            tracing::warn!(broker_id = %id, error = %e, "could not record the broker's offline replicas; retrying on its next heartbeat");
+        }
         let mut state = state;
         let mut should_shut_down = false;
         if hb.want_shut_down {
@@ -912,6 +924,7 @@ impl ControllerNode {
             applied_index: applied,
             last_log_index: m.last_log_index.unwrap_or(0),
             leader: m.current_leader,
+            snapshot_index: m.snapshot.map_or(0, |l| l.index),
             matched,
         }
     }

@@ -107,6 +107,15 @@ pub fn describe() {
     );
     describe_gauge!("tidelog_raft_last_log_index", "Last Raft log index.");
     describe_gauge!(
+        "tidelog_raft_snapshot_index",
+        "Last Raft log index the latest snapshot covers."
+    );
+    describe_histogram!(
+        "tidelog_controller_write_duration_seconds",
+        Unit::Seconds,
+        "Time to commit one metadata command through Raft."
+    );
+    describe_gauge!(
         "tidelog_cluster_brokers",
         "Registered brokers, by state (controller view)."
     );
@@ -150,6 +159,7 @@ pub async fn refresh(roles: &Roles) {
         gauge!("tidelog_raft_commit_index").set(status.commit_index as f64);
         gauge!("tidelog_raft_applied_index").set(status.applied_index as f64);
         gauge!("tidelog_raft_last_log_index").set(status.last_log_index as f64);
+        gauge!("tidelog_raft_snapshot_index").set(status.snapshot_index as f64);
         let (brokers, topics, offline, under) = node.store().read(|image, _| {
             let mut brokers = [0usize; 3];
             for b in image.brokers.values() {
