@@ -141,6 +141,27 @@ fn standalone_metrics_count_what_was_produced_and_consumed() {
             .any(|s| matches!(&s.value, Value::Histogram(buckets) if !buckets.is_empty())),
         "Produce latency is a histogram: {histogram:?}"
     );
+    // A group reads everything and commits: its committed offsets and lag show.
+    let (ok, out, err) = cli(&[
+        "consume",
+        "--topic",
+        "metered",
+        "--group",
+        "readers",
+        "--from-beginning",
+        "--timeout-ms",
+        "3000",
+        "--bootstrap",
+        &bootstrap,
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(out.lines().count(), 1000);
+    let m = scrape(&http);
+    let group = [("group", "readers"), ("topic", "metered")];
+    assert_eq!(sum(&m, "tidelog_group_committed_offset", &group), 1000.0);
+    assert_eq!(sum(&m, "tidelog_group_lag", &group), 0.0);
+    assert_eq!(samples(&m, "tidelog_group_lag", &group).len(), 3);
+    assert!(sum(&m, "tidelog_group_commits_total", &[("group", "readers")]) >= 1.0);
     // A refused call is counted by its code.
     let (ok, _, _) = cli(&[
         "topics",

@@ -227,6 +227,34 @@ pub async fn refresh(roles: &Roles) {
         })
         .await;
         gauge!("tidelog_broker_fenced").set(f64::from(u8::from(fenced)));
+        groups(broker).await;
+    }
+}
+
+/// Members, epoch, committed offsets and lag of the groups this broker coordinates. Lag
+/// is measured against the high watermark where this broker leads the partition (always
+/// in `standalone`); elsewhere only the committed offset is exported.
+async fn groups(broker: &super::health::BrokerRole) {
+    for g in broker.groups.snapshot().await {
+        let group = [("group", g.name.clone())];
+        gauge!("tidelog_group_members", &group).set(g.members as f64);
+        gauge!("tidelog_group_epoch", &group).set(f64::from(g.epoch));
+        for (key, offset) in g.offsets {
+            let mut labels = vec![
+                ("group", g.name.clone()),
+                ("topic", key.topic.clone()),
+                ("partition", key.partition.to_string()),
+            ];
+            if !key.instance.is_empty() {
+                labels.push(("instance", key.instance.clone()));
+            }
+            gauge!("tidelog_group_committed_offset", &labels).set(offset as f64);
+            let led = broker.node.leader_partition(&key.topic, key.partition);
+            if let Ok((local, _)) = led {
+                let hw = local.log.high_watermark().0 as i64;
+                gauge!("tidelog_group_lag", &labels).set((hw - offset).max(0) as f64);
+            }
+        }
     }
 }
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use crate::broker::controller_link::{ControllerLink, LinkStatus};
+use crate::broker::group::coordinator::GroupCoordinator;
 use crate::broker::node::BrokerNode;
 use crate::controller::ControllerNode;
 
@@ -26,6 +27,8 @@ pub struct BrokerRole {
     pub node: BrokerNode,
     /// Registration and heartbeats.
     pub link: Arc<ControllerLink>,
+    /// The group coordinator.
+    pub groups: Arc<GroupCoordinator>,
 }
 
 /// Whether a broker in `status` is ready, and why not (pure).

@@ -316,6 +316,7 @@ impl BrokerRuntime {
         crate::http::health::BrokerRole {
             node: self.node.clone(),
             link: self.link.clone(),
+            groups: self.groups.clone(),
         }
     }
 

@@ -125,6 +125,19 @@ pub struct GroupDescription {
     pub offsets: Vec<(OffsetKey, OffsetValue)>,
 }
 
+/// One coordinated group, for metrics.
+#[derive(Debug, Clone)]
+pub struct GroupSnapshot {
+    /// Its name.
+    pub name: String,
+    /// Members now.
+    pub members: usize,
+    /// Group epoch (bumped by every membership or subscription change).
+    pub epoch: i32,
+    /// Committed offsets.
+    pub offsets: Vec<(OffsetKey, i64)>,
+}
+
 /// The coordinator of one broker.
 pub struct GroupCoordinator {
     node: BrokerNode,
@@ -535,6 +548,7 @@ impl GroupCoordinator {
             return Ok(());
         }
         self.append(partition, &keys).await?;
+        metrics::counter!("tidelog_group_commits_total", "group" => group.to_owned()).increment(1);
         let g = inner.groups.entry(group.to_owned()).or_default();
         for (k, v) in keys {
             if let Some(v) = v {
@@ -619,6 +633,29 @@ impl GroupCoordinator {
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
         })
+    }
+
+    /// Every group this broker coordinates, with its member count, epoch and committed
+    /// offsets (for metrics).
+    pub async fn snapshot(&self) -> Vec<GroupSnapshot> {
+        let coordinated: Vec<String> = self.list().await.into_iter().map(|g| g.0).collect();
+        let inner = self.inner.lock().await;
+        coordinated
+            .into_iter()
+            .filter_map(|name| {
+                let g = inner.groups.get(&name)?;
+                Some(GroupSnapshot {
+                    members: g.state.members.len(),
+                    epoch: g.state.epoch,
+                    offsets: g
+                        .offsets
+                        .iter()
+                        .map(|(k, v)| (k.clone(), v.offset))
+                        .collect(),
+                    name,
+                })
+            })
+            .collect()
     }
 
     /// The groups this broker coordinates: (name, state, members).
