@@ -30,6 +30,12 @@ pub struct BrokerArgs {
     /// This broker's rack, for rack-aware placement.
     #[arg(long)]
     pub rack: Option<String>,
+    /// Address to serve Kafka's binary protocol on (default: none; `none` turns it off).
+    #[arg(long)]
+    pub kafka_listen: Option<String>,
+    /// Address Kafka clients are told to use (default: the --kafka-listen address).
+    #[arg(long)]
+    pub kafka_advertised_address: Option<String>,
     /// A TOML file of settings (see config/tidelog.toml).
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -51,6 +57,13 @@ pub struct StandaloneArgs {
     /// A file holding the secret all nodes of the cluster share (>= 16 bytes).
     #[arg(long)]
     pub cluster_secret_file: Option<PathBuf>,
+    /// Address to serve Kafka's binary protocol on (default 127.0.0.1:9092; `none` turns
+    /// it off).
+    #[arg(long)]
+    pub kafka_listen: Option<String>,
+    /// Address Kafka clients are told to use (default: the --kafka-listen address).
+    #[arg(long)]
+    pub kafka_advertised_address: Option<String>,
     /// A TOML file of settings (see config/tidelog.toml).
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -84,6 +97,11 @@ pub fn run_broker(args: &BrokerArgs) -> Result<(), CliError> {
                 args.data_dir.as_ref().map(|d| d.display().to_string()),
             ),
             ("rack", args.rack.clone()),
+            ("kafka_listen", args.kafka_listen.clone()),
+            (
+                "kafka_advertised_address",
+                args.kafka_advertised_address.clone(),
+            ),
         ],
     )?;
     config
@@ -108,6 +126,11 @@ pub fn run_standalone(args: &StandaloneArgs) -> Result<(), CliError> {
         (
             "data_dir",
             args.data_dir.as_ref().map(|d| d.display().to_string()),
+        ),
+        ("kafka_listen", args.kafka_listen.clone()),
+        (
+            "kafka_advertised_address",
+            args.kafka_advertised_address.clone(),
         ),
     ];
     let broker: BrokerConfig = load(args.config.as_deref(), &flags)?;

@@ -45,7 +45,16 @@ pub async fn run(
     };
     let (listener, address) = bind(&broker.listen).await?;
     let (internal_listener, internal_address) = bind(internal_bind).await?;
-    let advertised = AdvertisedAddresses::of(&broker, address, internal_address);
+    let kafka = super::broker::bind_kafka(
+        broker.kafka_listen_address(Some(crate::config::STANDALONE_KAFKA_LISTEN)),
+    )
+    .await?;
+    let advertised = AdvertisedAddresses::of(
+        &broker,
+        address,
+        internal_address,
+        kafka.as_ref().map(|k| k.1),
+    );
     controller.node_id = 1;
     controller.listen = advertised.client.clone();
     controller.peers = format!("1={}", advertised.internal);
@@ -97,7 +106,7 @@ pub async fn run(
         )))
         .add_service(AdminServer::new(ControllerAdminService::new(
             node.clone(),
-            peers,
+            peers.clone(),
             Callers::Nodes,
         )))
         .add_service(replication_service)
@@ -114,6 +123,11 @@ pub async fn run(
     let server = tokio::spawn(async move { tokio::try_join!(client, internal).map(|_| ()) });
     let stop = shutdown_signal();
     runtime.start(&tasks, &cancel).await?;
+    if let Some((listener, kafka_address)) = kafka {
+        let local = ControllerAdminService::new(node.clone(), peers.clone(), Callers::Clients);
+        runtime.serve_kafka(listener, Some(local), &tasks, &cancel);
+        tracing::info!(%kafka_address, "serving Kafka clients");
+    }
     tracing::info!(%address, %internal_address, data_dir = %broker.data_dir.display(), "standalone started");
     announce_ready("standalone", address);
     let result = runtime
