@@ -28,12 +28,16 @@ struct Clients {
 }
 
 fn clients() -> Option<Clients> {
-    let venv = std::env::var("KAFKA_CLIENTS_VENV").map(PathBuf::from).unwrap_or_else(|_| {
-        let cache = std::env::var("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|_| {
-            PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache")
+    let venv = std::env::var("KAFKA_CLIENTS_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            let cache = std::env::var("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|_| {
+                    PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache")
+                });
+            cache.join("tidelog/kafka-clients-venv")
         });
-        cache.join("tidelog/kafka-clients-venv")
-    });
     let python = venv.join("bin/python");
     let why = if Command::new("kcat").arg("-V").output().is_err() {
         Some("kcat is not installed".to_owned())
@@ -117,7 +121,18 @@ fn python(c: &Clients, args: &[&str]) -> Vec<Value> {
 /// `kcat -C` of every partition from the beginning to the end, as JSON objects.
 fn kcat_consume(bootstrap: &str, topic: &str) -> Vec<Value> {
     let out = Command::new("kcat")
-        .args(["-b", bootstrap, "-C", "-t", topic, "-o", "beginning", "-e", "-J", "-q"])
+        .args([
+            "-b",
+            bootstrap,
+            "-C",
+            "-t",
+            topic,
+            "-o",
+            "beginning",
+            "-e",
+            "-J",
+            "-q",
+        ])
         .output()
         .expect("run kcat");
     assert!(
@@ -131,6 +146,9 @@ fn kcat_consume(bootstrap: &str, topic: &str) -> Vec<Value> {
         .map(|l| serde_json::from_str(l).expect("kcat json"))
         .collect()
 }
+
+/// A consumed record: partition, offset, key, value, headers, timestamp.
+type Consumed = (u64, i64, String, String, Vec<(String, String)>, i64);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn confluent_kafka_and_kcat_round_trip_10000_keyed_records() {
@@ -148,7 +166,7 @@ async fn confluent_kafka_and_kcat_round_trip_10000_keyed_records() {
             "{key}"
         );
     }
-    let check = |records: &[(u64, i64, String, String, Vec<(String, String)>, i64)]| {
+    let check = |records: &[Consumed]| {
         assert_eq!(records.len(), 10_000, "every record once");
         let mut seen = HashSet::new();
         for (partition, offset, key, value, headers, ts) in records {
@@ -173,7 +191,7 @@ async fn confluent_kafka_and_kcat_round_trip_10000_keyed_records() {
             assert!(*offset >= 0);
         }
     };
-    let consumed: Vec<_> = python(&c, &["consume", &s.kafka, "k6", "6", "10000"])
+    let consumed: Vec<Consumed> = python(&c, &["consume", &s.kafka, "k6", "6", "10000"])
         .into_iter()
         .map(|r| {
             (
@@ -197,7 +215,7 @@ async fn confluent_kafka_and_kcat_round_trip_10000_keyed_records() {
         })
         .collect();
     check(&consumed);
-    let kcat: Vec<_> = kcat_consume(&s.kafka, "k6")
+    let kcat: Vec<Consumed> = kcat_consume(&s.kafka, "k6")
         .into_iter()
         .map(|r| {
             let h = r["headers"].as_array().cloned().unwrap_or_default();
@@ -225,7 +243,10 @@ async fn confluent_kafka_and_kcat_round_trip_10000_keyed_records() {
         .map(|a| {
             (
                 a["key"].as_str().unwrap().to_owned(),
-                (a["partition"].as_u64().unwrap(), a["offset"].as_i64().unwrap()),
+                (
+                    a["partition"].as_u64().unwrap(),
+                    a["offset"].as_i64().unwrap(),
+                ),
             )
         })
         .collect();
@@ -239,14 +260,31 @@ async fn records_cross_between_grpc_and_kafka_clients() {
     let Some(_c) = clients() else { return };
     let s = start();
     let (ok, _, err) = cli(&[
-        "topics", "create", "--bootstrap", &s.grpc, "--topic", "x", "--partitions", "1",
+        "topics",
+        "create",
+        "--bootstrap",
+        &s.grpc,
+        "--topic",
+        "x",
+        "--partitions",
+        "1",
     ]);
     assert!(ok, "{err}");
     // gRPC in (tidelog's CLI), Kafka out (kcat).
     let mut produce = Command::new(common::binary())
         .args([
-            "produce", "--bootstrap", &s.grpc, "--topic", "x", "--parse-key", "--key-separator",
-            ":", "--header", "src=grpc", "--acks", "all",
+            "produce",
+            "--bootstrap",
+            &s.grpc,
+            "--topic",
+            "x",
+            "--parse-key",
+            "--key-separator",
+            ":",
+            "--header",
+            "src=grpc",
+            "--acks",
+            "all",
         ])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
@@ -282,11 +320,24 @@ async fn records_cross_between_grpc_and_kafka_clients() {
         .unwrap();
     assert!(kcat.wait().unwrap().success());
     let (ok, out, err) = cli(&[
-        "consume", "--bootstrap", &s.grpc, "--topic", "x", "--from-beginning", "--output",
-        "json", "--max-messages", "80", "--timeout-ms", "5000",
+        "consume",
+        "--bootstrap",
+        &s.grpc,
+        "--topic",
+        "x",
+        "--from-beginning",
+        "--output",
+        "json",
+        "--max-messages",
+        "80",
+        "--timeout-ms",
+        "5000",
     ]);
     assert!(ok, "{err}");
-    let records: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let records: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(records.len(), 80);
     for (i, r) in records[50..].iter().enumerate() {
         assert_eq!(r["offset"].as_i64().unwrap(), 50 + i as i64);
@@ -375,7 +426,12 @@ fn bad_frames_close_their_connection_only() {
     // in order.
     let mut good = connect();
     let mut both = request(ApiKey::ApiVersions, 3, 1, &ApiVersionsRequest::default());
-    both.extend(request(ApiKey::Metadata, 12, 2, &MetadataRequest::default()));
+    both.extend(request(
+        ApiKey::Metadata,
+        12,
+        2,
+        &MetadataRequest::default(),
+    ));
     good.write_all(&both).unwrap();
     assert_eq!(read_response(&mut good).unwrap(), 1);
     assert_eq!(read_response(&mut good).unwrap(), 2);
@@ -408,12 +464,24 @@ fn bad_frames_close_their_connection_only() {
     group_api[4..6].copy_from_slice(&(ApiKey::JoinGroup as i16).to_be_bytes());
     let cases: Vec<(&str, Vec<u8>, bool)> = vec![
         ("random bytes", random, false),
-        ("2 GiB size prefix", vec![0x7f, 0xff, 0xff, 0xff, 0, 3, 0, 1], false),
-        ("negative size prefix", vec![0xff, 0xff, 0xff, 0xff, 0, 3], false),
+        (
+            "2 GiB size prefix",
+            vec![0x7f, 0xff, 0xff, 0xff, 0, 3, 0, 1],
+            false,
+        ),
+        (
+            "negative size prefix",
+            vec![0xff, 0xff, 0xff, 0xff, 0, 3],
+            false,
+        ),
         ("truncated request", truncated, true),
         ("unknown API key", unknown_api, false),
         ("unadvertised API (JoinGroup)", group_api, false),
-        ("malformed body", vec![0, 0, 0, 10, 0, 3, 0, 1, 0, 0, 0, 9, 0xff, 0x7f], false),
+        (
+            "malformed body",
+            vec![0, 0, 0, 10, 0, 3, 0, 1, 0, 0, 0, 9, 0xff, 0x7f],
+            false,
+        ),
     ];
     for (what, bytes, half_close) in cases {
         let mut c = connect();
@@ -423,14 +491,24 @@ fn bad_frames_close_their_connection_only() {
         }
         assert!(closed_by_server(&mut c), "{what}: the server closes it");
         // The good connection still works.
-        good.write_all(&request(ApiKey::Metadata, 9, 10, &MetadataRequest::default()))
-            .unwrap();
+        good.write_all(&request(
+            ApiKey::Metadata,
+            9,
+            10,
+            &MetadataRequest::default(),
+        ))
+        .unwrap();
         assert_eq!(read_response(&mut good).unwrap(), 10, "after {what}");
     }
     // And new connections are served.
     let mut fresh = connect();
     fresh
-        .write_all(&request(ApiKey::ApiVersions, 0, 11, &ApiVersionsRequest::default()))
+        .write_all(&request(
+            ApiKey::ApiVersions,
+            0,
+            11,
+            &ApiVersionsRequest::default(),
+        ))
         .unwrap();
     assert_eq!(read_response(&mut fresh).unwrap(), 11);
 }

@@ -140,7 +140,11 @@ impl KafkaHandler {
     }
 
     /// DeleteTopics, by name (and by id from v6).
-    pub async fn delete_topics(&self, r: DeleteTopicsRequest, version: i16) -> DeleteTopicsResponse {
+    pub async fn delete_topics(
+        &self,
+        r: DeleteTopicsRequest,
+        version: i16,
+    ) -> DeleteTopicsResponse {
         let named: Vec<(Option<String>, uuid::Uuid)> = if version >= 6 {
             self.node.metadata().read(|image| {
                 r.topics
@@ -200,7 +204,11 @@ impl KafkaHandler {
             };
             if r.validate_only {
                 // Nothing to change: check what the Admin service would refuse first.
-                let current = self.node.metadata().topic(&name).map(|t| t.partitions.len());
+                let current = self
+                    .node
+                    .metadata()
+                    .topic(&name)
+                    .map(|t| t.partitions.len());
                 let code = match current {
                     None => ResponseError::UnknownTopicOrPartition.code(),
                     Some(n) if count as usize <= n => ResponseError::InvalidPartitions.code(),

@@ -104,7 +104,7 @@ async fn handle(handler: Arc<KafkaHandler>, request: Request) -> anyhow::Result<
     };
     let (version, id) = (header.request_api_version, header.correlation_id);
     let h = &*handler;
-    let encoded = match body {
+    let encoded = match *body {
         Body::ApiVersions(_) => encode_response(api, version, id, &api_versions::api_versions(0)),
         Body::SaslHandshake(_) => {
             encode_response(api, version, id, &api_versions::sasl_handshake())
@@ -119,9 +119,7 @@ async fn handle(handler: Arc<KafkaHandler>, request: Request) -> anyhow::Result<
         Body::OffsetForLeaderEpoch(r) => {
             encode_response(api, version, id, &h.offset_for_leader_epoch(r))
         }
-        Body::InitProducerId(r) => {
-            encode_response(api, version, id, &h.init_producer_id(r).await)
-        }
+        Body::InitProducerId(r) => encode_response(api, version, id, &h.init_producer_id(r).await),
         Body::CreateTopics(r) => encode_response(api, version, id, &h.create_topics(r).await),
         Body::DeleteTopics(r) => {
             encode_response(api, version, id, &h.delete_topics(r, version).await)

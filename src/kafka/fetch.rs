@@ -156,10 +156,9 @@ impl KafkaHandler {
                                     .with_preferred_read_replica(BrokerId(-1))
                                     .with_records(Some(d.records)),
                                 Some(Err(e)) => error_partition(index, kafka_code(e.code)),
-                                None => error_partition(
-                                    index,
-                                    ResponseError::UnknownServerError.code(),
-                                ),
+                                None => {
+                                    error_partition(index, ResponseError::UnknownServerError.code())
+                                }
                             }
                         }
                     })

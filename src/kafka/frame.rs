@@ -8,10 +8,10 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{
-    ApiKey, ApiVersionsRequest, CreatePartitionsRequest, CreateTopicsRequest,
-    DeleteTopicsRequest, DescribeConfigsRequest, FetchRequest, InitProducerIdRequest,
-    ListOffsetsRequest, MetadataRequest, OffsetForLeaderEpochRequest, ProduceRequest,
-    RequestHeader, ResponseHeader, SaslHandshakeRequest,
+    ApiKey, ApiVersionsRequest, CreatePartitionsRequest, CreateTopicsRequest, DeleteTopicsRequest,
+    DescribeConfigsRequest, FetchRequest, InitProducerIdRequest, ListOffsetsRequest,
+    MetadataRequest, OffsetForLeaderEpochRequest, ProduceRequest, RequestHeader, ResponseHeader,
+    SaslHandshakeRequest,
 };
 use kafka_protocol::protocol::{Decodable, Encodable};
 
@@ -88,8 +88,8 @@ pub enum Request {
         header: RequestHeader,
         /// The API (from the header).
         api: ApiKey,
-        /// Its body.
-        body: Body,
+        /// Its body (boxed: bodies are large and vary in size).
+        body: Box<Body>,
     },
     /// ApiVersions at a version above ours: answered with a v0 body carrying
     /// UNSUPPORTED_VERSION and our versions, so the client retries lower (KIP-511).
@@ -141,7 +141,11 @@ pub fn parse_request(frame: Bytes) -> Result<Request, FrameError> {
     let header =
         RequestHeader::decode(&mut buf, api.request_header_version(version)).map_err(malformed)?;
     let body = decode_body(api, version, &mut buf).map_err(malformed)?;
-    Ok(Request::Served { header, api, body })
+    Ok(Request::Served {
+        header,
+        api,
+        body: Box::new(body),
+    })
 }
 
 fn decode_body(api: ApiKey, version: i16, buf: &mut Bytes) -> anyhow::Result<Body> {
@@ -215,7 +219,7 @@ mod tests {
             };
             assert_eq!(api, ApiKey::Metadata);
             assert_eq!(header.correlation_id, 7);
-            assert!(matches!(body, Body::Metadata(_)));
+            assert!(matches!(*body, Body::Metadata(_)));
         }
     }
 
@@ -227,10 +231,7 @@ mod tests {
         );
         // OffsetCommit (8) is a real Kafka API this listener does not serve yet.
         let frame = Bytes::from_static(&[0, 8, 0, 2, 0, 0, 0, 1, 0, 0]);
-        assert_eq!(
-            parse_request(frame).unwrap_err(),
-            FrameError::UnknownApi(8)
-        );
+        assert_eq!(parse_request(frame).unwrap_err(), FrameError::UnknownApi(8));
         let frame = Bytes::from_static(&[0x7f, 0x7f, 0, 0, 0, 0, 0, 1]);
         assert!(matches!(
             parse_request(frame).unwrap_err(),
@@ -267,7 +268,8 @@ mod tests {
     fn a_huge_array_count_is_an_error_not_an_abort() {
         // Metadata v1: header (key 3, v1, correlation 1, client id null), then a topics
         // array claiming 2^31-1 entries with no bytes behind it.
-        let frame = Bytes::from_static(&[0, 3, 0, 1, 0, 0, 0, 1, 0xff, 0xff, 0x7f, 0xff, 0xff, 0xff]);
+        let frame =
+            Bytes::from_static(&[0, 3, 0, 1, 0, 0, 0, 1, 0xff, 0xff, 0x7f, 0xff, 0xff, 0xff]);
         assert!(matches!(
             parse_request(frame).unwrap_err(),
             FrameError::Malformed { .. }

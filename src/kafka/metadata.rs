@@ -103,8 +103,12 @@ impl KafkaHandler {
                         ..Default::default()
                     };
                     match self.admin.create_topic(tonic::Request::new(request)).await {
-                        Ok(_) => tracing::info!(topic = %name, "auto-created topic (Kafka Metadata)"),
-                        Err(e) => tracing::debug!(topic = %name, error = %e.message(), "auto-create failed"),
+                        Ok(_) => {
+                            tracing::info!(topic = %name, "auto-created topic (Kafka Metadata)")
+                        }
+                        Err(e) => {
+                            tracing::debug!(topic = %name, error = %e.message(), "auto-create failed")
+                        }
                     }
                 }
             }
@@ -158,9 +162,15 @@ mod tests {
 
     #[test]
     fn addresses_split_into_host_and_port() {
-        assert_eq!(host_port("127.0.0.1:9092"), Some(("127.0.0.1".into(), 9092)));
+        assert_eq!(
+            host_port("127.0.0.1:9092"),
+            Some(("127.0.0.1".into(), 9092))
+        );
         assert_eq!(host_port("[::1]:19092"), Some(("::1".into(), 19092)));
-        assert_eq!(host_port("kafka.example:1"), Some(("kafka.example".into(), 1)));
+        assert_eq!(
+            host_port("kafka.example:1"),
+            Some(("kafka.example".into(), 1))
+        );
         assert_eq!(host_port("nope"), None);
         assert_eq!(host_port("h:99999"), None);
     }

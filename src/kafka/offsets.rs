@@ -42,9 +42,8 @@ impl KafkaHandler {
                     LATEST => OffsetQuery::Latest,
                     ts if ts >= 0 => OffsetQuery::Timestamp(ts),
                     _ => {
-                        partitions.push(
-                            answer.with_error_code(ResponseError::UnsupportedVersion.code()),
-                        );
+                        partitions
+                            .push(answer.with_error_code(ResponseError::UnsupportedVersion.code()));
                         continue;
                     }
                 };

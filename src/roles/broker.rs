@@ -375,7 +375,9 @@ pub async fn bind_kafka(
         return Ok(None);
     };
     let bound = bind(&address).await.map_err(|e| match e {
-        RoleError::Listen { address, source, .. } => RoleError::Listen {
+        RoleError::Listen {
+            address, source, ..
+        } => RoleError::Listen {
             what: "cannot serve Kafka clients (kafka_listen; `none` turns it off) on",
             address,
             source,
