@@ -265,7 +265,21 @@ pub struct BrokerConfig {
     /// An established connection that carries only keepalives this long is closed (ms;
     /// Kafka's `connections.max.idle.ms`).
     pub connections_max_idle_ms: u64,
+    /// Where to serve Kafka's binary protocol: `host:port`, `none` for no Kafka listener,
+    /// or empty for the role's default (`standalone`: 127.0.0.1:9092; `broker`: none).
+    pub kafka_listen: String,
+    /// The address Kafka clients are told to use (in Metadata answers); the Kafka
+    /// listener's bound address when empty.
+    pub kafka_advertised_address: String,
+    /// Largest Kafka request a client may send (bytes; Kafka's `socket.request.max.bytes`);
+    /// a larger one closes its connection.
+    pub socket_request_max_bytes: usize,
 }
+
+/// The `kafka_listen` value that turns the Kafka listener off.
+pub const KAFKA_LISTEN_NONE: &str = "none";
+/// Where `standalone` serves Kafka clients unless `kafka_listen` says otherwise.
+pub const STANDALONE_KAFKA_LISTEN: &str = "127.0.0.1:9092";
 
 impl Default for BrokerConfig {
     fn default() -> Self {
@@ -301,11 +315,24 @@ impl Default for BrokerConfig {
             connections_max: 10_000,
             connection_handshake_timeout_ms: 10_000,
             connections_max_idle_ms: 600_000,
+            kafka_listen: String::new(),
+            kafka_advertised_address: String::new(),
+            socket_request_max_bytes: 100 * 1024 * 1024,
         }
     }
 }
 
 impl BrokerConfig {
+    /// The address the Kafka listener binds, if any: `kafka_listen`, or `role_default`
+    /// when it is empty; `none` turns it off.
+    pub fn kafka_listen_address(&self, role_default: Option<&str>) -> Option<String> {
+        match self.kafka_listen.trim() {
+            "" => role_default.map(str::to_owned),
+            KAFKA_LISTEN_NONE => None,
+            address => Some(address.to_owned()),
+        }
+    }
+
     /// The client listener's limits.
     pub fn listener_limits(&self) -> crate::net::ListenerLimits {
         crate::net::ListenerLimits {
@@ -388,6 +415,12 @@ impl BrokerConfig {
         }
         if self.log_retention_check_interval_ms == 0 {
             return bad("log_retention_check_interval_ms must be at least 1".to_owned());
+        }
+        if !(1024..=i32::MAX as usize).contains(&self.socket_request_max_bytes) {
+            return bad(format!(
+                "socket_request_max_bytes must be 1024 to 2147483647, got {}",
+                self.socket_request_max_bytes
+            ));
         }
         Ok(())
     }

@@ -9,6 +9,7 @@
 //! - [`controller`]: the Raft quorum holding cluster metadata;
 //! - [`api`]: the gRPC services and their proto types;
 //! - [`net`]: listeners: the HTTP/2 handshake check, connection limits;
+//! - [`kafka`]: Kafka's binary protocol, a second front door onto the broker;
 //! - [`cli`]: the command-line tools.
 
 pub mod api;
@@ -19,6 +20,7 @@ pub mod config;
 pub mod controller;
 pub mod error_code;
 pub mod http;
+pub mod kafka;
 pub mod net;
 pub mod partition;
 pub mod record;

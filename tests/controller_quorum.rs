@@ -393,6 +393,7 @@ async fn a_silent_broker_is_fenced_and_its_partitions_move_to_the_isr() {
             internal_address: "127.0.0.1:2".to_owned(),
             rack: None,
             incarnation_id: "impostor".to_owned(),
+            kafka_address: None,
         })
         .await
         .unwrap_err();

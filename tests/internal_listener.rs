@@ -88,6 +88,7 @@ async fn client_ports_refuse_internal_services_with_a_code() {
                     internal_address: "127.0.0.1:2".to_owned(),
                     rack: None,
                     incarnation_id: "impostor".to_owned(),
+                    kafka_address: None,
                 })
                 .await,
         );

@@ -137,6 +137,7 @@ impl Controller for ControllerService {
                 BrokerId(r.broker_id),
                 r.address,
                 r.internal_address,
+                r.kafka_address,
                 r.rack,
                 r.incarnation_id,
             )

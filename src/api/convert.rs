@@ -76,6 +76,7 @@ pub fn broker_to_proto(b: &BrokerRecord) -> proto::BrokerState {
         epoch: b.epoch,
         state: b.state.as_str().to_owned(),
         internal_address: b.internal_address.clone(),
+        kafka_address: b.kafka_address.clone(),
     }
 }
 
@@ -86,6 +87,7 @@ pub fn broker_from_proto(b: &proto::BrokerState) -> BrokerRecord {
         address: b.address.clone(),
         rack: b.rack.clone(),
         internal_address: b.internal_address.clone(),
+        kafka_address: b.kafka_address.clone(),
         incarnation_id: b.incarnation_id.clone(),
         epoch: b.epoch,
         state: match b.state.as_str() {

@@ -49,6 +49,8 @@ pub struct BrokerIdentity {
     pub address: String,
     /// Its internal listener, where followers fetch.
     pub internal_address: String,
+    /// Its Kafka listener's advertised address, if it serves one.
+    pub kafka_address: Option<String>,
     /// Its rack.
     pub rack: Option<String>,
 }
@@ -174,6 +176,7 @@ impl ControllerLink {
                 broker_id: self.identity.id.0,
                 address: self.identity.address.clone(),
                 internal_address: self.identity.internal_address.clone(),
+                kafka_address: self.identity.kafka_address.clone(),
                 rack: self.identity.rack.clone(),
                 incarnation_id: self.incarnation_id.clone(),
             };

@@ -406,6 +406,7 @@ mod tests {
                     address: String::new(),
                     rack: None,
                     internal_address: String::new(),
+                    kafka_address: None,
                     incarnation_id: String::new(),
                     epoch: 1,
                     state: BrokerState::Unfenced,

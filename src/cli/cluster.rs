@@ -61,7 +61,8 @@ fn cluster_json(r: &DescribeClusterResponse) -> Value {
         .map(|s| {
             let b = s.broker.clone().unwrap_or_default();
             json!({
-                "id": b.id, "address": b.address, "rack": b.rack, "epoch": b.epoch,
+                "id": b.id, "address": b.address, "kafka_address": b.kafka_address,
+                "rack": b.rack, "epoch": b.epoch,
                 "state": b.state, "last_heartbeat_age_ms": s.last_heartbeat_age_ms,
                 "under_replicated_partitions": s.under_replicated_partitions,
             })
@@ -114,15 +115,16 @@ fn print_table(r: &DescribeClusterResponse) {
         return;
     }
     println!(
-        "{:<6} {:<22} {:<10} {:>10} {:<14} {:>16}",
-        "BROKER", "ADDRESS", "RACK", "EPOCH", "STATE", "HEARTBEAT_AGE_MS"
+        "{:<6} {:<22} {:<22} {:<10} {:>10} {:<14} {:>16}",
+        "BROKER", "ADDRESS", "KAFKA_ADDRESS", "RACK", "EPOCH", "STATE", "HEARTBEAT_AGE_MS"
     );
     for s in &r.brokers {
         let b = s.broker.clone().unwrap_or_default();
         println!(
-            "{:<6} {:<22} {:<10} {:>10} {:<14} {:>16}",
+            "{:<6} {:<22} {:<22} {:<10} {:>10} {:<14} {:>16}",
             b.id,
             b.address,
+            b.kafka_address.unwrap_or_else(|| "-".to_owned()),
             b.rack.unwrap_or_else(|| "-".to_owned()),
             b.epoch,
             b.state,

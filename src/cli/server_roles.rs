@@ -33,6 +33,12 @@ pub struct BrokerArgs {
     /// HTTP address for /metrics and /health/* (`none`: off); default off.
     #[arg(long)]
     pub http_listen: Option<String>,
+    /// Address to serve Kafka's binary protocol on (default: none; `none` turns it off).
+    #[arg(long)]
+    pub kafka_listen: Option<String>,
+    /// Address Kafka clients are told to use (default: the --kafka-listen address).
+    #[arg(long)]
+    pub kafka_advertised_address: Option<String>,
     /// A TOML file of settings (see config/tidelog.toml).
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -57,6 +63,13 @@ pub struct StandaloneArgs {
     /// HTTP address for /metrics and /health/* (`none`: off); default 127.0.0.1:9644.
     #[arg(long)]
     pub http_listen: Option<String>,
+    /// Address to serve Kafka's binary protocol on (default 127.0.0.1:9092; `none` turns
+    /// it off).
+    #[arg(long)]
+    pub kafka_listen: Option<String>,
+    /// Address Kafka clients are told to use (default: the --kafka-listen address).
+    #[arg(long)]
+    pub kafka_advertised_address: Option<String>,
     /// A TOML file of settings (see config/tidelog.toml).
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -91,6 +104,11 @@ pub fn run_broker(args: &BrokerArgs) -> Result<(), CliError> {
                 args.data_dir.as_ref().map(|d| d.display().to_string()),
             ),
             ("rack", args.rack.clone()),
+            ("kafka_listen", args.kafka_listen.clone()),
+            (
+                "kafka_advertised_address",
+                args.kafka_advertised_address.clone(),
+            ),
         ],
     )?;
     config
@@ -116,6 +134,11 @@ pub fn run_standalone(args: &StandaloneArgs) -> Result<(), CliError> {
         (
             "data_dir",
             args.data_dir.as_ref().map(|d| d.display().to_string()),
+        ),
+        ("kafka_listen", args.kafka_listen.clone()),
+        (
+            "kafka_advertised_address",
+            args.kafka_advertised_address.clone(),
         ),
     ];
     let broker: BrokerConfig = load(args.config.as_deref(), &flags)?;

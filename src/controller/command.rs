@@ -31,6 +31,9 @@ pub enum MetadataCommand {
         /// Its internal listener (replication).
         #[serde(default)]
         internal_address: String,
+        /// Its Kafka listener, if it serves one.
+        #[serde(default)]
+        kafka_address: Option<String>,
     },
     /// The broker is ready: it may lead, and takes leaderless partitions it is eligible for.
     UnfenceBroker {

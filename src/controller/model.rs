@@ -61,6 +61,10 @@ pub struct BrokerRecord {
     /// before internal listeners existed.
     #[serde(default)]
     pub internal_address: String,
+    /// Where Kafka clients reach it; `None` when it serves no Kafka listener (and in
+    /// records from before Kafka listeners existed).
+    #[serde(default)]
+    pub kafka_address: Option<String>,
     /// Chosen by the broker process at start; a new one means a restarted process.
     pub incarnation_id: String,
     /// The metadata version of the registration; heartbeats must carry it.
@@ -638,6 +642,7 @@ impl MetadataImage {
                 rack,
                 incarnation_id,
                 internal_address,
+                kafka_address,
             } => {
                 if let Some(existing) = self.brokers.get(id) {
                     if existing.incarnation_id == *incarnation_id {
@@ -656,6 +661,7 @@ impl MetadataImage {
                     address: address.clone(),
                     rack: rack.clone(),
                     internal_address: internal_address.clone(),
+                    kafka_address: kafka_address.clone(),
                     incarnation_id: incarnation_id.clone(),
                     epoch: version,
                     state: BrokerState::Fenced,

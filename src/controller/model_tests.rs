@@ -41,6 +41,7 @@ impl Harness {
             rack: None,
             incarnation_id: format!("inc-{id}-{}", self.version),
             internal_address: format!("127.0.0.1:{}", 9100 + id),
+            kafka_address: None,
         })
         .unwrap();
         let epoch = self.epoch(id);
@@ -226,6 +227,7 @@ fn new_incarnation_fences_the_old_process() {
         rack: None,
         incarnation_id: "restarted".to_owned(),
         internal_address: "127.0.0.1:9101".to_owned(),
+        kafka_address: None,
     })
     .unwrap();
     assert!(h.epoch(1) > old_epoch);
@@ -418,7 +420,7 @@ proptest! {
                 Op::Shutdown(b) => { let e = h.epoch(b); h.apply(MetadataCommand::BeginControlledShutdown { id: BrokerId(b), epoch: e }) }
                 Op::Reregister(b) => h.apply(MetadataCommand::RegisterBroker {
                     id: BrokerId(b), address: "a:1".to_owned(), rack: None,
-                    incarnation_id: format!("i{}", h.version), internal_address: "a:2".to_owned(),
+                    incarnation_id: format!("i{}", h.version), internal_address: "a:2".to_owned(), kafka_address: None,
                 }),
                 Op::Offline(b, ps) => h.offline(b, &ps),
                 Op::ShrinkIsr(p) => {

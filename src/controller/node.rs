@@ -681,6 +681,7 @@ impl ControllerNode {
         id: BrokerId,
         address: String,
         internal_address: String,
+        kafka_address: Option<String>,
         rack: Option<String>,
         incarnation_id: String,
     ) -> Result<(u64, String, u64), ControllerError> {
@@ -732,6 +733,7 @@ impl ControllerNode {
             id,
             address,
             internal_address,
+            kafka_address,
             rack,
             incarnation_id,
         };

@@ -44,6 +44,7 @@ fn entry(term: u64, index: u64) -> Entry<TypeConfig> {
             rack: None,
             incarnation_id: "x".repeat(40),
             internal_address: format!("127.0.0.1:{}", index + 100),
+            kafka_address: None,
         }),
     }
 }

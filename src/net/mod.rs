@@ -247,13 +247,13 @@ impl AsyncWrite for Conn {
 
 /// Rate-limited log lines, one key at a time.
 #[derive(Debug, Default)]
-struct LogLimiter {
+pub struct LogLimiter {
     last: Mutex<HashMap<String, Instant>>,
 }
 
 impl LogLimiter {
     /// Whether a line about `key` may be logged now.
-    fn allow(&self, key: &str) -> bool {
+    pub fn allow(&self, key: &str) -> bool {
         let mut last = self.last.lock();
         let now = Instant::now();
         if last.len() > 1024 {

@@ -32,6 +32,7 @@ use crate::broker::BrokerNode;
 use crate::client::connection::parse_bootstrap;
 use crate::client::AdminClient;
 use crate::config::{BrokerConfig, ConfigLoadError};
+use crate::kafka::{KafkaHandler, KafkaLimits};
 use crate::net::node_auth::ClusterSecret;
 use crate::replication::isr_queue::IsrChangeQueue;
 use crate::types::BrokerId;
@@ -54,6 +55,8 @@ pub struct AdvertisedAddresses {
     pub client: String,
     /// The internal listener's address.
     pub internal: String,
+    /// The Kafka listener's address, when there is one.
+    pub kafka: Option<String>,
 }
 
 impl AdvertisedAddresses {
@@ -62,6 +65,7 @@ impl AdvertisedAddresses {
         config: &BrokerConfig,
         client: std::net::SocketAddr,
         internal: std::net::SocketAddr,
+        kafka: Option<std::net::SocketAddr>,
     ) -> Self {
         let or = |configured: &str, bound: std::net::SocketAddr| {
             if configured.is_empty() {
@@ -73,6 +77,7 @@ impl AdvertisedAddresses {
         Self {
             client: or(&config.advertised_address, client),
             internal: or(&config.internal_advertised_address, internal),
+            kafka: kafka.map(|k| or(&config.kafka_advertised_address, k)),
         }
     }
 }
@@ -138,6 +143,7 @@ impl BrokerRuntime {
                 id,
                 address: advertised.client,
                 internal_address: advertised.internal,
+                kafka_address: advertised.kafka,
                 rack: (!config.rack.is_empty()).then(|| config.rack.clone()),
             },
             Duration::from_millis(config.broker_heartbeat_interval_ms),
@@ -191,11 +197,7 @@ impl BrokerRuntime {
         let broker = BrokerServer::new(BrokerService::new(self.node.clone(), auto_create))
             .max_decoding_message_size(self.config.max_request_bytes)
             .max_encoding_message_size(self.config.fetch_max_bytes + 1024 * 1024);
-        let backend = match local {
-            Some(service) => AdminBackend::Local(Box::new(service)),
-            None => AdminBackend::Remote(Box::new(controllers())),
-        };
-        let admin = AdminServer::new(BrokerAdminService::new(backend, self.node.clone()));
+        let admin = AdminServer::new(self.admin_service(local));
         let replication = ReplicationServer::new(ReplicationService::new(self.node.clone()))
             .max_decoding_message_size(self.config.max_request_bytes)
             .max_encoding_message_size(self.config.replica_fetch_response_max_bytes + 1024 * 1024);
@@ -205,6 +207,48 @@ impl BrokerRuntime {
             controllers(),
         ));
         (broker, admin, replication, groups)
+    }
+
+    /// The Admin service as this broker serves it: calls go to `local` when given
+    /// (standalone), else to the controllers.
+    pub fn admin_service(&self, local: Option<ControllerAdminService>) -> BrokerAdminService {
+        let backend = match local {
+            Some(service) => AdminBackend::Local(Box::new(service)),
+            None => AdminBackend::Remote(Box::new(AdminClient::internal(
+                self.controllers.clone(),
+                Duration::from_secs(30),
+                self.secret.clone(),
+            ))),
+        };
+        BrokerAdminService::new(backend, self.node.clone())
+    }
+
+    /// Serves Kafka clients on `listener` (tasks owned by `tasks`, stopped by `cancel`);
+    /// topic changes go through [`BrokerRuntime::admin_service`] with `local`.
+    pub fn serve_kafka(
+        &self,
+        listener: tokio::net::TcpListener,
+        local: Option<ControllerAdminService>,
+        tasks: &TaskTracker,
+        cancel: &CancellationToken,
+    ) {
+        let handler = Arc::new(KafkaHandler {
+            node: self.node.clone(),
+            admin: self.admin_service(local),
+            auto_create: self.config.auto_create_topics_enable,
+        });
+        let limits = KafkaLimits {
+            request_bytes_max: self.config.socket_request_max_bytes,
+            idle_timeout: Duration::from_millis(self.config.connections_max_idle_ms),
+            connections_max: self.config.connections_max,
+        };
+        tasks.spawn(crate::kafka::serve(
+            listener,
+            handler,
+            limits,
+            tasks.clone(),
+            cancel.clone(),
+        ));
     }
 
     /// Registers, loads metadata, opens partitions, then keeps heartbeating and following
@@ -332,6 +376,27 @@ impl BrokerRuntime {
 /// when the server stops; a produce waiting for acks=all ends within its timeout).
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Binds the Kafka listener at `address`, if one is configured; a failure stops the role
+/// with the address in the error, as for the gRPC listener.
+pub async fn bind_kafka(
+    address: Option<String>,
+) -> Result<Option<(tokio::net::TcpListener, std::net::SocketAddr)>, RoleError> {
+    let Some(address) = address else {
+        return Ok(None);
+    };
+    let bound = bind(&address).await.map_err(|e| match e {
+        RoleError::Listen {
+            address, source, ..
+        } => RoleError::Listen {
+            what: "cannot serve Kafka clients (kafka_listen; `none` turns it off) on",
+            address,
+            source,
+        },
+        other => other,
+    })?;
+    Ok(Some(bound))
+}
+
 /// Runs a broker until SIGTERM or Ctrl-C.
 pub async fn run(config: BrokerConfig) -> Result<(), RoleError> {
     super::fd_limit::raise_and_log();
@@ -340,7 +405,13 @@ pub async fn run(config: BrokerConfig) -> Result<(), RoleError> {
     let secret = node_secret(&config.cluster_secret_file, &internal_listen)?;
     let (listener, address) = bind(&config.listen).await?;
     let (internal_listener, internal_address) = bind(&internal_listen).await?;
-    let advertised = AdvertisedAddresses::of(&config, address, internal_address);
+    let kafka = bind_kafka(config.kafka_listen_address(None)).await?;
+    let advertised = AdvertisedAddresses::of(
+        &config,
+        address,
+        internal_address,
+        kafka.as_ref().map(|k| k.1),
+    );
     let runtime = BrokerRuntime::new(&config, advertised, secret.clone())?;
     let cancel = CancellationToken::new();
     let server_cancel = CancellationToken::new();
@@ -391,6 +462,10 @@ pub async fn run(config: BrokerConfig) -> Result<(), RoleError> {
     };
     super::start_http(http, roles, &tasks, cancel.clone()).await?;
     runtime.start(&tasks, &cancel).await?;
+    if let Some((listener, kafka_address)) = kafka {
+        runtime.serve_kafka(listener, None, &tasks, &cancel);
+        tracing::info!(%kafka_address, "serving Kafka clients");
+    }
     tracing::info!(broker_id = config.broker_id, %address, %internal_address, data_dir = %config.data_dir.display(), "broker started");
     announce_ready("broker", address);
     let result = runtime

@@ -46,7 +46,16 @@ pub async fn run(
     };
     let (listener, address) = bind(&broker.listen).await?;
     let (internal_listener, internal_address) = bind(internal_bind).await?;
-    let advertised = AdvertisedAddresses::of(&broker, address, internal_address);
+    let kafka = super::broker::bind_kafka(
+        broker.kafka_listen_address(Some(crate::config::STANDALONE_KAFKA_LISTEN)),
+    )
+    .await?;
+    let advertised = AdvertisedAddresses::of(
+        &broker,
+        address,
+        internal_address,
+        kafka.as_ref().map(|k| k.1),
+    );
     controller.node_id = 1;
     controller.listen = advertised.client.clone();
     controller.peers = format!("1={}", advertised.internal);
@@ -99,7 +108,7 @@ pub async fn run(
         )))
         .add_service(AdminServer::new(ControllerAdminService::new(
             node.clone(),
-            peers,
+            peers.clone(),
             Callers::Nodes,
         )))
         .add_service(replication_service)
@@ -125,6 +134,11 @@ pub async fn run(
     };
     super::start_http(http, roles, &tasks, cancel.clone()).await?;
     runtime.start(&tasks, &cancel).await?;
+    if let Some((listener, kafka_address)) = kafka {
+        let local = ControllerAdminService::new(node.clone(), peers.clone(), Callers::Clients);
+        runtime.serve_kafka(listener, Some(local), &tasks, &cancel);
+        tracing::info!(%kafka_address, "serving Kafka clients");
+    }
     tracing::info!(%address, %internal_address, data_dir = %broker.data_dir.display(), "standalone started");
     announce_ready("standalone", address);
     let result = runtime

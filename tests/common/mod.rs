@@ -85,7 +85,10 @@ pub struct Proc {
 }
 
 impl Proc {
-    /// Starts `tidelog args...` and waits for `tidelog <role> ready on <ADDR>`.
+    /// Starts `tidelog args...` and waits for `tidelog <role> ready on <ADDR>`. Unless
+    /// the test sets `--kafka-listen` or `TIDELOG_KAFKA_LISTEN`, the Kafka listener is
+    /// turned off (`none`): standalone's default port 9092 would collide between tests
+    /// running in parallel.
     pub fn start(role: &str, args: &[String], envs: &[(&str, &str)], log_dir: &Path) -> Proc {
         let stderr_path = log_dir.join(
             format!(
@@ -106,6 +109,11 @@ impl Proc {
             .env("RUST_LOG", "info,openraft=warn")
             // Many servers run at once: no default HTTP port unless a test asks for one.
             .env("TIDELOG_HTTP_LISTEN", "none");
+        let kafka_set = args.iter().any(|a| a.starts_with("--kafka-listen"))
+            || envs.iter().any(|(k, _)| *k == "TIDELOG_KAFKA_LISTEN");
+        if !kafka_set {
+            cmd.env("TIDELOG_KAFKA_LISTEN", "none");
+        }
         for (k, v) in envs {
             cmd.env(k, v);
         }
@@ -390,6 +398,7 @@ impl FakeBroker {
                 internal_address: format!("127.0.0.1:{}", 40100 + id),
                 rack: None,
                 incarnation_id: uuid::Uuid::new_v4().to_string(),
+                kafka_address: None,
             })
             .await
             .expect("register")

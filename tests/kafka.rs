@@ -1,0 +1,537 @@
+//! The Kafka listener against real Kafka clients: kcat and confluent-kafka (librdkafka)
+//! talk to a real `tidelog standalone`; records cross between the Kafka and gRPC doors;
+//! bad frames close only their own connection.
+//!
+//! The clients come from `.ci/kafka-clients` (Debian's kcat; a venv with confluent-kafka
+//! at `$KAFKA_CLIENTS_VENV`, default `~/.cache/tidelog/kafka-clients-venv`). Without them a
+//! test prints why and passes, unless `KAFKA_CLIENTS_REQUIRE=1` (CI sets it): then it fails.
+
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use bytes::{BufMut, BytesMut};
+use common::{cli, free_ports, read_all, Proc, FAST_RAFT};
+use kafka_protocol::messages::{ApiKey, ApiVersionsRequest, MetadataRequest, RequestHeader};
+use kafka_protocol::protocol::{Encodable, StrBytes};
+use serde_json::Value;
+use tidelog::client::partitioner::partition_for_key;
+
+/// The Kafka clients, or why they are missing.
+struct Clients {
+    python: PathBuf,
+}
+
+fn clients() -> Option<Clients> {
+    let venv = std::env::var("KAFKA_CLIENTS_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            let cache = std::env::var("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|_| {
+                    PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache")
+                });
+            cache.join("tidelog/kafka-clients-venv")
+        });
+    let python = venv.join("bin/python");
+    let why = if Command::new("kcat").arg("-V").output().is_err() {
+        Some("kcat is not installed".to_owned())
+    } else if !Command::new(&python)
+        .args(["-c", "import confluent_kafka"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        Some(format!("no confluent-kafka venv at {}", venv.display()))
+    } else {
+        None
+    };
+    match why {
+        None => Some(Clients { python }),
+        Some(why) => {
+            assert!(
+                std::env::var("KAFKA_CLIENTS_REQUIRE").is_err(),
+                "KAFKA_CLIENTS_REQUIRE is set but {why} (run .ci/kafka-clients)"
+            );
+            eprintln!("skipping: {why} (run .ci/kafka-clients to install the Kafka clients)");
+            None
+        }
+    }
+}
+
+/// A standalone serving gRPC and Kafka on free ports.
+struct Server {
+    _proc: Proc,
+    grpc: String,
+    kafka: String,
+    _dir: tempfile::TempDir,
+}
+
+fn start() -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let ports = free_ports(2);
+    let (grpc, kafka) = (
+        format!("127.0.0.1:{}", ports[0]),
+        format!("127.0.0.1:{}", ports[1]),
+    );
+    let args = vec![
+        "--data-dir".to_owned(),
+        dir.path().join("data").display().to_string(),
+        "--listen".to_owned(),
+        grpc.clone(),
+        "--kafka-listen".to_owned(),
+        kafka.clone(),
+    ];
+    let proc = Proc::start("standalone", &args, FAST_RAFT, dir.path());
+    Server {
+        _proc: proc,
+        grpc,
+        kafka,
+        _dir: dir,
+    }
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/kafka_clients.py")
+}
+
+/// Runs the confluent-kafka helper; returns its stdout lines parsed as JSON.
+fn python(c: &Clients, args: &[&str]) -> Vec<Value> {
+    let out = Command::new(&c.python)
+        .arg(script())
+        .args(args)
+        .output()
+        .expect("run python");
+    assert!(
+        out.status.success(),
+        "kafka_clients.py {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect()
+}
+
+/// `kcat -C` of every partition from the beginning to the end, as JSON objects.
+fn kcat_consume(bootstrap: &str, topic: &str) -> Vec<Value> {
+    let out = Command::new("kcat")
+        .args([
+            "-b",
+            bootstrap,
+            "-C",
+            "-t",
+            topic,
+            "-o",
+            "beginning",
+            "-e",
+            "-J",
+            "-q",
+        ])
+        .output()
+        .expect("run kcat");
+    assert!(
+        out.status.success(),
+        "kcat -C failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).expect("kcat json"))
+        .collect()
+}
+
+/// A consumed record: partition, offset, key, value, headers, timestamp.
+type Consumed = (u64, i64, String, String, Vec<(String, String)>, i64);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confluent_kafka_and_kcat_round_trip_10000_keyed_records() {
+    let Some(c) = clients() else { return };
+    let s = start();
+    python(&c, &["create", &s.kafka, "k6", "6"]);
+    let acked = python(&c, &["produce", &s.kafka, "k6", "10000", "none"]);
+    assert_eq!(acked.len(), 10_000);
+    // Every key where Kafka's default partitioner (murmur2) puts it.
+    for a in &acked {
+        let key = a["key"].as_str().unwrap();
+        assert_eq!(
+            a["partition"].as_u64().unwrap() as u32,
+            partition_for_key(key.as_bytes(), 6),
+            "{key}"
+        );
+    }
+    let check = |records: &[Consumed]| {
+        assert_eq!(records.len(), 10_000, "every record once");
+        let mut seen = HashSet::new();
+        for (partition, offset, key, value, headers, ts) in records {
+            let i: i64 = key[1..].parse().unwrap();
+            assert!(seen.insert(i), "{key} twice");
+            assert_eq!(value, &format!("v{i}"));
+            assert_eq!(
+                *partition as u32,
+                partition_for_key(key.as_bytes(), 6),
+                "{key}"
+            );
+            assert_eq!(*ts, 1_700_000_000_000 + i, "{key} timestamp");
+            assert_eq!(
+                headers,
+                &vec![
+                    ("h".to_owned(), i.to_string()),
+                    ("dup".to_owned(), "a".to_owned()),
+                    ("dup".to_owned(), "b".to_owned()),
+                ],
+                "{key} headers"
+            );
+            assert!(*offset >= 0);
+        }
+    };
+    let consumed: Vec<Consumed> = python(&c, &["consume", &s.kafka, "k6", "6", "10000"])
+        .into_iter()
+        .map(|r| {
+            (
+                r["partition"].as_u64().unwrap(),
+                r["offset"].as_i64().unwrap(),
+                r["key"].as_str().unwrap().to_owned(),
+                r["value"].as_str().unwrap().to_owned(),
+                r["headers"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|h| {
+                        (
+                            h[0].as_str().unwrap().to_owned(),
+                            h[1].as_str().unwrap().to_owned(),
+                        )
+                    })
+                    .collect(),
+                r["timestamp"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    check(&consumed);
+    let kcat: Vec<Consumed> = kcat_consume(&s.kafka, "k6")
+        .into_iter()
+        .map(|r| {
+            let h = r["headers"].as_array().cloned().unwrap_or_default();
+            (
+                r["partition"].as_u64().unwrap(),
+                r["offset"].as_i64().unwrap(),
+                r["key"].as_str().unwrap().to_owned(),
+                r["payload"].as_str().unwrap().to_owned(),
+                h.chunks(2)
+                    .map(|p| {
+                        (
+                            p[0].as_str().unwrap().to_owned(),
+                            p[1].as_str().unwrap().to_owned(),
+                        )
+                    })
+                    .collect(),
+                r["ts"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    check(&kcat);
+    // The acknowledged offsets are where both consumers found the records.
+    let acked: BTreeMap<String, (u64, i64)> = acked
+        .iter()
+        .map(|a| {
+            (
+                a["key"].as_str().unwrap().to_owned(),
+                (
+                    a["partition"].as_u64().unwrap(),
+                    a["offset"].as_i64().unwrap(),
+                ),
+            )
+        })
+        .collect();
+    for (p, o, k, ..) in &kcat {
+        assert_eq!(acked[k], (*p, *o), "{k}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_cross_between_grpc_and_kafka_clients() {
+    let Some(_c) = clients() else { return };
+    let s = start();
+    let (ok, _, err) = cli(&[
+        "topics",
+        "create",
+        "--bootstrap",
+        &s.grpc,
+        "--topic",
+        "x",
+        "--partitions",
+        "1",
+    ]);
+    assert!(ok, "{err}");
+    // gRPC in (tidelog's CLI), Kafka out (kcat).
+    let mut produce = Command::new(common::binary())
+        .args([
+            "produce",
+            "--bootstrap",
+            &s.grpc,
+            "--topic",
+            "x",
+            "--parse-key",
+            "--key-separator",
+            ":",
+            "--header",
+            "src=grpc",
+            "--acks",
+            "all",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines: String = (0..50).map(|i| format!("g{i}:value {i}\n")).collect();
+    produce
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(lines.as_bytes())
+        .unwrap();
+    assert!(produce.wait().unwrap().success());
+    let out = kcat_consume(&s.kafka, "x");
+    assert_eq!(out.len(), 50);
+    for (i, r) in out.iter().enumerate() {
+        assert_eq!(r["offset"].as_i64().unwrap(), i as i64);
+        assert_eq!(r["key"].as_str().unwrap(), format!("g{i}"));
+        assert_eq!(r["payload"].as_str().unwrap(), format!("value {i}"));
+        assert_eq!(r["headers"], serde_json::json!(["src", "grpc"]));
+    }
+    // Kafka in (kcat), gRPC out (tidelog consume).
+    let mut kcat = Command::new("kcat")
+        .args(["-b", &s.kafka, "-P", "-t", "x", "-K", ":", "-H", "src=kcat"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines: String = (0..30).map(|i| format!("c{i}:from kcat {i}\n")).collect();
+    kcat.stdin
+        .take()
+        .unwrap()
+        .write_all(lines.as_bytes())
+        .unwrap();
+    assert!(kcat.wait().unwrap().success());
+    let (ok, out, err) = cli(&[
+        "consume",
+        "--bootstrap",
+        &s.grpc,
+        "--topic",
+        "x",
+        "--from-beginning",
+        "--output",
+        "json",
+        "--max-messages",
+        "80",
+        "--timeout-ms",
+        "5000",
+    ]);
+    assert!(ok, "{err}");
+    let records: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(records.len(), 80);
+    for (i, r) in records[50..].iter().enumerate() {
+        assert_eq!(r["offset"].as_i64().unwrap(), 50 + i as i64);
+        assert_eq!(r["key"].as_str().unwrap(), format!("c{i}"));
+        assert_eq!(r["value"].as_str().unwrap(), format!("from kcat {i}"));
+        assert_eq!(
+            r["headers"],
+            serde_json::json!([{"key": "src", "value": "kcat"}])
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_compression_codec_from_librdkafka_reads_back_over_grpc() {
+    let Some(c) = clients() else { return };
+    let s = start();
+    for codec in ["gzip", "snappy", "lz4", "zstd"] {
+        let topic = format!("z-{codec}");
+        python(&c, &["create", &s.kafka, &topic, "2"]);
+        let acked = python(&c, &["produce", &s.kafka, &topic, "500", codec]);
+        assert_eq!(acked.len(), 500, "{codec}");
+        let records = read_all(std::slice::from_ref(&s.grpc), &topic, 2).await;
+        let values: HashSet<String> = records.into_iter().map(|(_, _, v)| v).collect();
+        let expected: HashSet<String> = (0..500).map(|i| format!("v{i}")).collect();
+        assert_eq!(values, expected, "{codec}");
+    }
+}
+
+/// A request frame (size prefix included) as a Kafka client encodes it.
+fn request<R: Encodable>(api: ApiKey, version: i16, correlation_id: i32, body: &R) -> Vec<u8> {
+    let header = RequestHeader::default()
+        .with_request_api_key(api as i16)
+        .with_request_api_version(version)
+        .with_correlation_id(correlation_id)
+        .with_client_id(Some(StrBytes::from_static_str("raw")));
+    let mut payload = BytesMut::new();
+    header
+        .encode(&mut payload, api.request_header_version(version))
+        .unwrap();
+    body.encode(&mut payload, version).unwrap();
+    let mut out = BytesMut::new();
+    out.put_i32(payload.len() as i32);
+    out.extend_from_slice(&payload);
+    out.to_vec()
+}
+
+/// Reads one response frame; returns its correlation id.
+fn read_response(stream: &mut TcpStream) -> std::io::Result<i32> {
+    let mut size = [0u8; 4];
+    stream.read_exact(&mut size)?;
+    let mut body = vec![0u8; i32::from_be_bytes(size) as usize];
+    stream.read_exact(&mut body)?;
+    Ok(i32::from_be_bytes([body[0], body[1], body[2], body[3]]))
+}
+
+/// True once the server has closed `stream` (reads hit the end or an error).
+fn closed_by_server(stream: &mut TcpStream) -> bool {
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) => {
+                return !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                )
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_frames_close_their_connection_only() {
+    // Raw frames need no Kafka client: this test always runs.
+    let s = start();
+    let connect = || {
+        let c = TcpStream::connect(&s.kafka).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c
+    };
+    // A well-behaved connection, kept open throughout; pipelined requests are answered
+    // in order.
+    let mut good = connect();
+    let mut both = request(ApiKey::ApiVersions, 3, 1, &ApiVersionsRequest::default());
+    both.extend(request(
+        ApiKey::Metadata,
+        12,
+        2,
+        &MetadataRequest::default(),
+    ));
+    good.write_all(&both).unwrap();
+    assert_eq!(read_response(&mut good).unwrap(), 1);
+    assert_eq!(read_response(&mut good).unwrap(), 2);
+
+    // A too-new ApiVersions is answered (v0 body, UNSUPPORTED_VERSION), not closed.
+    let mut c = connect();
+    // (kafka-protocol cannot encode v99: the frame by hand, header v2 with no client id.)
+    c.write_all(&[0, 0, 0, 11, 0, 18, 0, 99, 0, 0, 0, 5, 0xff, 0xff, 0])
+        .unwrap();
+    let mut size = [0u8; 4];
+    c.read_exact(&mut size).unwrap();
+    let mut body = vec![0u8; i32::from_be_bytes(size) as usize];
+    c.read_exact(&mut body).unwrap();
+    assert_eq!(&body[..4], &5i32.to_be_bytes());
+    assert_eq!(&body[4..6], &35i16.to_be_bytes(), "UNSUPPORTED_VERSION");
+
+    let mut random = vec![0u8; 4096];
+    let mut x: u32 = 0x9e37_79b9;
+    for b in random.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        *b = x as u8;
+    }
+    let mut truncated = request(ApiKey::Metadata, 12, 3, &MetadataRequest::default());
+    truncated[3] += 40; // the size prefix claims 40 bytes that never come
+    let mut unknown_api = request(ApiKey::Metadata, 1, 4, &MetadataRequest::default());
+    unknown_api[4..6].copy_from_slice(&1000i16.to_be_bytes());
+    let mut group_api = request(ApiKey::Metadata, 1, 4, &MetadataRequest::default());
+    group_api[4..6].copy_from_slice(&(ApiKey::JoinGroup as i16).to_be_bytes());
+    let cases: Vec<(&str, Vec<u8>, bool)> = vec![
+        ("random bytes", random, false),
+        (
+            "2 GiB size prefix",
+            vec![0x7f, 0xff, 0xff, 0xff, 0, 3, 0, 1],
+            false,
+        ),
+        (
+            "negative size prefix",
+            vec![0xff, 0xff, 0xff, 0xff, 0, 3],
+            false,
+        ),
+        ("truncated request", truncated, true),
+        ("unknown API key", unknown_api, false),
+        ("unadvertised API (JoinGroup)", group_api, false),
+        (
+            "malformed body",
+            vec![0, 0, 0, 10, 0, 3, 0, 1, 0, 0, 0, 9, 0xff, 0x7f],
+            false,
+        ),
+    ];
+    for (what, bytes, half_close) in cases {
+        let mut c = connect();
+        let _ = c.write_all(&bytes);
+        if half_close {
+            let _ = c.shutdown(std::net::Shutdown::Write);
+        }
+        assert!(closed_by_server(&mut c), "{what}: the server closes it");
+        // The good connection still works.
+        good.write_all(&request(
+            ApiKey::Metadata,
+            9,
+            10,
+            &MetadataRequest::default(),
+        ))
+        .unwrap();
+        assert_eq!(read_response(&mut good).unwrap(), 10, "after {what}");
+    }
+    // And new connections are served.
+    let mut fresh = connect();
+    fresh
+        .write_all(&request(
+            ApiKey::ApiVersions,
+            0,
+            11,
+            &ApiVersionsRequest::default(),
+        ))
+        .unwrap();
+    assert_eq!(read_response(&mut fresh).unwrap(), 11);
+}
+
+#[test]
+fn a_taken_kafka_port_stops_the_server_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let kafka = taken.local_addr().unwrap().to_string();
+    let port = free_ports(1)[0];
+    let (ok, exited, err, _) = common::run_to_exit(
+        &[
+            "standalone",
+            "--data-dir",
+            dir.path().to_str().unwrap(),
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--kafka-listen",
+            &kafka,
+        ],
+        &[],
+        Duration::from_secs(20),
+    );
+    assert!(exited && !ok, "a taken Kafka port stops the process");
+    assert!(err.contains("Kafka") && err.contains(&kafka), "{err}");
+}
