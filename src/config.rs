@@ -232,6 +232,9 @@ pub struct BrokerConfig {
     /// consumers, and tidelog's clients check it; recovery and follower appends always
     /// check). Off by default.
     pub verify_crc_on_read: bool,
+    /// Label the records/bytes in/out counters of `/metrics` with the partition as well
+    /// as the topic (more series: one per partition).
+    pub metrics_per_partition: bool,
     /// How long to wait for the controllers to register this broker at start (ms).
     pub registration_timeout_ms: u64,
     /// How long a controlled shutdown may take before the broker stops anyway (ms).
@@ -300,6 +303,7 @@ impl Default for BrokerConfig {
             fetch_max_wait_ms: 30_000,
             fetch_max_bytes: 50 * 1024 * 1024,
             verify_crc_on_read: false,
+            metrics_per_partition: false,
             registration_timeout_ms: 60_000,
             controlled_shutdown_timeout_ms: 10_000,
             replica_lag_time_max_ms: 30_000,

@@ -54,7 +54,11 @@ fn standalone_metrics_count_what_was_produced_and_consumed() {
             "--http-listen".into(),
             http.clone(),
         ],
-        common::FAST_RAFT,
+        &[
+            common::FAST_RAFT,
+            &[("TIDELOG_METRICS_PER_PARTITION", "true")],
+        ]
+        .concat(),
         dir.path(),
     );
     let (status, body) = http_get(&http, "/health/live").unwrap();
@@ -115,6 +119,8 @@ fn standalone_metrics_count_what_was_produced_and_consumed() {
     let m = scrape(&http);
     let topic = [("topic", "metered")];
     assert_eq!(sum(&m, "tidelog_records_in_total", &topic), 1000.0);
+    // metrics_per_partition: one series per partition.
+    assert_eq!(samples(&m, "tidelog_records_in_total", &topic).len(), 3);
     assert!(sum(&m, "tidelog_bytes_in_total", &topic) > 100_000.0);
     // The console consumer may re-read a partition's tail; never fewer than were stored.
     assert!(sum(&m, "tidelog_records_out_total", &topic) >= 1000.0);
@@ -209,6 +215,33 @@ async fn a_leader_counts_under_replicated_partitions_and_a_cut_off_broker_is_not
         &bootstrap,
     ]);
     assert!(ok, "{err}");
+    let (ok, _, err) = cli(&[
+        "perf",
+        "produce",
+        "--topic",
+        "watched",
+        "--num-records",
+        "30",
+        "--record-size",
+        "10",
+        "--acks",
+        "all",
+        "--bootstrap",
+        &bootstrap,
+    ]);
+    assert!(ok, "{err}");
+    // Per topic by default: no partition label, and the leaders' counts add up.
+    let scrapes: Vec<Scrape> = (1..=3).map(|b| scrape(&c.broker_http_address(b))).collect();
+    let total: f64 = scrapes
+        .iter()
+        .map(|m| sum(m, "tidelog_records_in_total", &[("topic", "watched")]))
+        .sum();
+    assert_eq!(total, 30.0);
+    assert!(scrapes
+        .iter()
+        .all(|m| samples(m, "tidelog_records_in_total", &[])
+            .iter()
+            .all(|s| s.labels.get("partition").is_none())));
     for b in 1..=3 {
         let address = c.broker_http_address(b);
         eventually("every broker ready", Duration::from_secs(20), || {

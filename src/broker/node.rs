@@ -28,6 +28,9 @@ pub struct BrokerLimits {
     pub fetch_bytes_max: usize,
     /// Check batch CRCs on consumer fetches (config `verify_crc_on_read`).
     pub verify_crc_on_read: bool,
+    /// Label the records/bytes in/out counters with the partition too (config
+    /// `metrics_per_partition`).
+    pub metrics_per_partition: bool,
 }
 
 impl Default for BrokerLimits {
@@ -36,6 +39,7 @@ impl Default for BrokerLimits {
             fetch_wait_max: Duration::from_secs(30),
             fetch_bytes_max: 50 * 1024 * 1024,
             verify_crc_on_read: false,
+            metrics_per_partition: false,
         }
     }
 }
@@ -276,10 +280,9 @@ impl BrokerNode {
         // to a blocking thread.
         let (info, durable_target) = local.append_as_leader_deferred(&mut batches, epoch)?;
         if !info.duplicate {
-            metrics::counter!("tidelog_records_in_total", "topic" => topic.to_owned())
-                .increment(info.record_count);
-            metrics::counter!("tidelog_bytes_in_total", "topic" => topic.to_owned())
-                .increment(batches.len() as u64);
+            let labels = self.traffic_labels(topic, partition);
+            metrics::counter!("tidelog_records_in_total", &labels).increment(info.record_count);
+            metrics::counter!("tidelog_bytes_in_total", &labels).increment(batches.len() as u64);
         }
         if let Some(target) = durable_target {
             let replica = local.clone();
@@ -299,6 +302,30 @@ impl BrokerNode {
             base_offset: info.first_offset,
             log_start_offset: local.log.log_start_offset(),
         })
+    }
+
+    /// Labels of the traffic counters: the topic, and the partition when configured.
+    fn traffic_labels(&self, topic: &str, partition: u32) -> Vec<(&'static str, String)> {
+        let mut labels = vec![("topic", topic.to_owned())];
+        if self.limits.metrics_per_partition {
+            labels.push(("partition", partition.to_string()));
+        }
+        labels
+    }
+
+    /// Counts records and bytes a consumer fetch sends.
+    fn count_out(&self, targets: &[FetchTarget], results: &[Result<FetchData, BrokerError>]) {
+        for (target, result) in targets.iter().zip(results) {
+            let Ok(data) = result else { continue };
+            if data.records.is_empty() {
+                continue;
+            }
+            let labels = self.traffic_labels(&target.topic, target.partition);
+            metrics::counter!("tidelog_records_out_total", &labels)
+                .increment(crate::record::count_records(&data.records));
+            metrics::counter!("tidelog_bytes_out_total", &labels)
+                .increment(data.records.len() as u64);
+        }
     }
 
     /// Waits (at most `timeout`, and never longer than [`LEASE_PENDING_WAIT_MAX`]) until
@@ -456,7 +483,7 @@ impl BrokerNode {
                 .sum();
             let any_error = results.iter().any(Result::is_err);
             if total >= min_bytes || any_error || changes.is_empty() || Instant::now() >= deadline {
-                count_out(&targets, &results);
+                self.count_out(&targets, &results);
                 return results;
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -680,20 +707,5 @@ impl BrokerNode {
                 })
             }
         }
-    }
-}
-
-/// Counts records and bytes a consumer fetch sends, per topic.
-fn count_out(targets: &[FetchTarget], results: &[Result<FetchData, BrokerError>]) {
-    for (target, result) in targets.iter().zip(results) {
-        let Ok(data) = result else { continue };
-        if data.records.is_empty() {
-            continue;
-        }
-        let records = crate::record::count_records(&data.records);
-        metrics::counter!("tidelog_records_out_total", "topic" => target.topic.clone())
-            .increment(records);
-        metrics::counter!("tidelog_bytes_out_total", "topic" => target.topic.clone())
-            .increment(data.records.len() as u64);
     }
 }

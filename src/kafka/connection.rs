@@ -117,7 +117,11 @@ async fn handle(handler: Arc<KafkaHandler>, request: Request) -> anyhow::Result<
         Body::Metadata(r) => encode_response(api, version, id, &h.metadata(r, version).await),
         Body::Produce(r) => match h.produce(r).await {
             Some(response) => encode_response(api, version, id, &response),
-            None => return Ok(None),
+            None => {
+                // acks=0: no answer, but the request counts.
+                metrics::counter!("tidelog_requests_total", &labels).increment(1);
+                return Ok(None);
+            }
         },
         Body::Fetch(r) => encode_response(api, version, id, &h.fetch(r, version).await),
         Body::ListOffsets(r) => encode_response(api, version, id, &h.list_offsets(r).await),

@@ -114,6 +114,7 @@ impl BrokerRuntime {
                 fetch_wait_max: Duration::from_millis(config.fetch_max_wait_ms),
                 fetch_bytes_max: config.fetch_max_bytes,
                 verify_crc_on_read: config.verify_crc_on_read,
+                metrics_per_partition: config.metrics_per_partition,
             },
             lease.clone(),
             isr_changes.clone(),
