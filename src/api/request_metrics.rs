@@ -1,14 +1,18 @@
 //! Counts every gRPC call and times it until its response headers (for unary calls, the
 //! whole call): `tidelog_requests_total`, `tidelog_request_duration_seconds` and, for a
 //! failed call, `tidelog_request_errors_total` with its tidelog error code, each labelled
-//! `protocol="grpc"` and `api` (the method name, e.g. `Produce`). Per-partition errors
-//! inside a successful answer are not counted here.
+//! `protocol="grpc"` and `api` (the method name, e.g. `Produce`; `unknown` for a method
+//! no service serves, so a client cannot create series at will). Per-partition errors
+//! inside a successful answer are not counted here. Handles are cached per method.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
+use parking_lot::RwLock;
 use tonic::codegen::http;
 use tonic::Status;
 use tower::{Layer, Service};
@@ -59,18 +63,22 @@ where
     }
 
     fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
-        let api = api_of(request.uri().path()).to_owned();
+        let path = request.uri().path().to_owned();
         let started = Instant::now();
         let call = self.inner.call(request);
         Box::pin(async move {
             let result = call.await;
-            let labels = [("protocol", "grpc".to_owned()), ("api", api)];
-            metrics::counter!("tidelog_requests_total", &labels).increment(1);
-            metrics::histogram!("tidelog_request_duration_seconds", &labels)
-                .record(started.elapsed().as_secs_f64());
             if let Ok(response) = &result {
-                if let Some(code) = error_code(response.headers()) {
-                    let [protocol, api] = labels;
+                let status = Status::from_header_map(response.headers());
+                // A method no service serves is one label, not one per path sent.
+                let served = status
+                    .as_ref()
+                    .is_none_or(|s| s.code() != tonic::Code::Unimplemented);
+                let handles = handles_of(if served { &path } else { "" });
+                handles.requests.increment(1);
+                handles.duration.record(started.elapsed().as_secs_f64());
+                if let Some(code) = error_code(response.headers(), status) {
+                    let [protocol, api] = handles.labels.clone();
                     metrics::counter!(
                         "tidelog_request_errors_total",
                         &[protocol, api, ("code", code)]
@@ -83,12 +91,42 @@ where
     }
 }
 
+/// Cached metric handles of one method.
+struct Handles {
+    labels: [(&'static str, String); 2],
+    requests: metrics::Counter,
+    duration: metrics::Histogram,
+}
+
+/// The handles of the method at `path` (`""`: a method no service serves).
+fn handles_of(path: &str) -> Arc<Handles> {
+    static CACHE: OnceLock<RwLock<HashMap<String, Arc<Handles>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(h) = cache.read().get(path) {
+        return h.clone();
+    }
+    let labels = [
+        ("protocol", "grpc".to_owned()),
+        ("api", api_of(path).to_owned()),
+    ];
+    let handles = Arc::new(Handles {
+        requests: metrics::counter!("tidelog_requests_total", &labels),
+        duration: metrics::histogram!("tidelog_request_duration_seconds", &labels),
+        labels,
+    });
+    cache
+        .write()
+        .entry(path.to_owned())
+        .or_insert(handles)
+        .clone()
+}
+
 /// The tidelog code of a failed trailers-only response, if it failed.
-fn error_code(headers: &http::HeaderMap) -> Option<String> {
+fn error_code(headers: &http::HeaderMap, status: Option<Status>) -> Option<String> {
     if let Some(code) = headers.get(ERROR_CODE_KEY).and_then(|v| v.to_str().ok()) {
         return Some(code.to_owned());
     }
-    let status = Status::from_header_map(headers)?;
+    let status = status?;
     (status.code() != tonic::Code::Ok).then(|| {
         code_for_uncoded(status.code(), status.message())
             .as_str()

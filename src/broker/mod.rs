@@ -21,6 +21,7 @@ pub mod node;
 pub mod partition_manager;
 pub mod producer_ids;
 pub mod replica_manager;
+pub mod traffic;
 
 pub use error::BrokerError;
 pub use node::BrokerNode;

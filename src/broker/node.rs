@@ -139,6 +139,8 @@ pub struct BrokerNode {
     lease: Arc<LeaderLease>,
     isr_changes: Arc<IsrChangeQueue>,
     producer_ids: Arc<ProducerIdBlocks>,
+    /// Records and bytes in and out, per topic (or partition).
+    traffic: Arc<super::traffic::Traffic>,
 }
 
 impl BrokerNode {
@@ -158,6 +160,7 @@ impl BrokerNode {
             id,
             metadata,
             partitions,
+            traffic: Arc::new(super::traffic::Traffic::new(limits.metrics_per_partition)),
             limits,
             lease,
             isr_changes,
@@ -280,9 +283,9 @@ impl BrokerNode {
         // to a blocking thread.
         let (info, durable_target) = local.append_as_leader_deferred(&mut batches, epoch)?;
         if !info.duplicate {
-            let labels = self.traffic_labels(topic, partition);
-            metrics::counter!("tidelog_records_in_total", &labels).increment(info.record_count);
-            metrics::counter!("tidelog_bytes_in_total", &labels).increment(batches.len() as u64);
+            let counters = self.traffic.of(topic, partition);
+            counters.records_in.increment(info.record_count);
+            counters.bytes_in.increment(batches.len() as u64);
         }
         if let Some(target) = durable_target {
             let replica = local.clone();
@@ -304,15 +307,6 @@ impl BrokerNode {
         })
     }
 
-    /// Labels of the traffic counters: the topic, and the partition when configured.
-    fn traffic_labels(&self, topic: &str, partition: u32) -> Vec<(&'static str, String)> {
-        let mut labels = vec![("topic", topic.to_owned())];
-        if self.limits.metrics_per_partition {
-            labels.push(("partition", partition.to_string()));
-        }
-        labels
-    }
-
     /// Counts records and bytes a consumer fetch sends.
     fn count_out(&self, targets: &[FetchTarget], results: &[Result<FetchData, BrokerError>]) {
         for (target, result) in targets.iter().zip(results) {
@@ -320,11 +314,11 @@ impl BrokerNode {
             if data.records.is_empty() {
                 continue;
             }
-            let labels = self.traffic_labels(&target.topic, target.partition);
-            metrics::counter!("tidelog_records_out_total", &labels)
+            let counters = self.traffic.of(&target.topic, target.partition);
+            counters
+                .records_out
                 .increment(crate::record::count_records(&data.records));
-            metrics::counter!("tidelog_bytes_out_total", &labels)
-                .increment(data.records.len() as u64);
+            counters.bytes_out.increment(data.records.len() as u64);
         }
     }
 

@@ -400,6 +400,11 @@ pub async fn bind_kafka(
 
 /// Runs a broker until SIGTERM or Ctrl-C.
 pub async fn run(config: BrokerConfig) -> Result<(), RoleError> {
+    // Installed before any server runs: metric handles made before it would be no-ops.
+    let http = crate::config::optional_listen(&config.http_listen, None);
+    if http.is_some() {
+        crate::http::install_recorder();
+    }
     super::fd_limit::raise_and_log();
     config.validate()?;
     let internal_listen = config.internal_listen_address()?;
@@ -456,7 +461,6 @@ pub async fn run(config: BrokerConfig) -> Result<(), RoleError> {
         );
     let server = tokio::spawn(async move { tokio::try_join!(client, internal).map(|_| ()) });
     let stop = shutdown_signal();
-    let http = crate::config::optional_listen(&config.http_listen, None);
     let roles = crate::http::Roles {
         controller: None,
         broker: Some(runtime.http_role()),

@@ -25,6 +25,11 @@ const RAFT_MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
 
 /// Runs a controller until SIGTERM or Ctrl-C.
 pub async fn run(mut config: ControllerConfig) -> Result<(), RoleError> {
+    // Installed before any server runs: metric handles made before it would be no-ops.
+    let http = crate::config::optional_listen(&config.http_listen, None);
+    if http.is_some() {
+        crate::http::install_recorder();
+    }
     config.validate()?;
     let internal_listen = config.internal_listen_address()?;
     let secret = node_secret(&config.cluster_secret_file, &internal_listen)?;
@@ -36,7 +41,6 @@ pub async fn run(mut config: ControllerConfig) -> Result<(), RoleError> {
     let tasks = TaskTracker::new();
     tasks.spawn(node.clone().run_housekeeping(cancel.clone()));
     tasks.spawn(node.clone().watch_core(cancel.clone()));
-    let http = crate::config::optional_listen(&config.http_listen, None);
     let roles = crate::http::Roles {
         controller: Some(node.clone()),
         broker: None,

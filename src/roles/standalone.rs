@@ -36,6 +36,14 @@ pub async fn run(
     mut controller: ControllerConfig,
     mut broker: BrokerConfig,
 ) -> Result<(), RoleError> {
+    // Installed before any server runs: metric handles made before it would be no-ops.
+    let http = crate::config::optional_listen(
+        &broker.http_listen,
+        Some(crate::config::STANDALONE_HTTP_LISTEN),
+    );
+    if http.is_some() {
+        crate::http::install_recorder();
+    }
     super::fd_limit::raise_and_log();
     let private = broker.internal_listen.is_empty();
     let (internal_bind, secret) = if private {
@@ -124,10 +132,6 @@ pub async fn run(
         );
     let server = tokio::spawn(async move { tokio::try_join!(client, internal).map(|_| ()) });
     let stop = shutdown_signal();
-    let http = crate::config::optional_listen(
-        &broker.http_listen,
-        Some(crate::config::STANDALONE_HTTP_LISTEN),
-    );
     let roles = crate::http::Roles {
         controller: Some(node.clone()),
         broker: Some(runtime.http_role()),
