@@ -949,6 +949,45 @@ async fn a_terminated_broker_restarts_without_recovery() {
     );
 }
 
+/// A 1-partition topic with 2 KiB segments holding 200 numbered records written with
+/// acks=all; returns the leader and the followers.
+async fn numbered_topic(c: &BrokerCluster, topic: &str) -> (i32, Vec<i32>) {
+    create_topic(c, topic, 1, &[("segment.bytes", "2048")]).await;
+    let state = partition(c, topic, 0).await;
+    let leader = state.leader.unwrap();
+    for i in 0..NUMBERED {
+        produce_once(
+            &c.broker_address(leader),
+            topic,
+            0,
+            &format!("r{i:04}-{}", "x".repeat(40)),
+            -1,
+        )
+        .await
+        .expect("acks=all");
+    }
+    let followers = state
+        .replicas
+        .into_iter()
+        .filter(|b| *b != leader)
+        .collect();
+    (leader, followers)
+}
+
+/// Records [`numbered_topic`] wrote.
+const NUMBERED: usize = 200;
+
+/// Stops every broker and checks each replica holds exactly the numbered records.
+fn assert_numbered_on_every_replica(c: &mut BrokerCluster, topic: &str) {
+    stop_all_brokers(c);
+    let records = assert_replicas_identical(c, topic, 0);
+    assert_eq!(records.len(), NUMBERED);
+    for (i, (offset, value)) in records.iter().enumerate() {
+        assert_eq!(*offset, i as u64);
+        assert!(value.starts_with(&format!("r{i:04}-")), "{offset}: {value}");
+    }
+}
+
 /// Flips one byte inside the last batch of `file` (a sealed segment: a clean open reads
 /// each segment's last batch and checks its CRC).
 fn corrupt_last_batch(file: &std::path::Path) {
@@ -965,21 +1004,8 @@ fn corrupt_last_batch(file: &std::path::Path) {
 async fn a_damaged_follower_refetches_from_the_leader_and_rejoins_the_isr() {
     let mut c = BrokerCluster::start_with(3, FAST_REPLICATION);
     const TOPIC: &str = "healing";
-    create_topic(&c, TOPIC, 1, &[("segment.bytes", "2048")]).await;
-    let state = partition(&c, TOPIC, 0).await;
-    let leader = state.leader.unwrap();
-    let follower = *state.replicas.iter().find(|b| **b != leader).unwrap();
-    for i in 0..200 {
-        produce_once(
-            &c.broker_address(leader),
-            TOPIC,
-            0,
-            &format!("r{i:04}-{}", "x".repeat(40)),
-            -1,
-        )
-        .await
-        .expect("acks=all");
-    }
+    let (_, followers) = numbered_topic(&c, TOPIC).await;
+    let follower = followers[0];
     eventually(
         "the follower is in sync",
         Duration::from_secs(20),
@@ -1026,13 +1052,7 @@ async fn a_damaged_follower_refetches_from_the_leader_and_rejoins_the_isr() {
         std::fs::read_dir(&quarantine[0]).unwrap().count() > 1,
         "later segments set aside too"
     );
-    stop_all_brokers(&mut c);
-    let records = assert_replicas_identical(&c, TOPIC, 0);
-    assert_eq!(records.len(), 200);
-    for (i, (offset, value)) in records.iter().enumerate() {
-        assert_eq!(*offset, i as u64);
-        assert!(value.starts_with(&format!("r{i:04}-")), "{offset}: {value}");
-    }
+    assert_numbered_on_every_replica(&mut c, TOPIC);
 }
 
 /// The leader's copy is damaged while it runs (a sealed segment a clean start would not
@@ -1044,26 +1064,7 @@ async fn a_damaged_follower_refetches_from_the_leader_and_rejoins_the_isr() {
 async fn a_leader_whose_read_meets_damage_hands_over_and_heals() {
     let mut c = BrokerCluster::start_with(3, FAST_REPLICATION);
     const TOPIC: &str = "readdamage";
-    create_topic(&c, TOPIC, 1, &[("segment.bytes", "2048")]).await;
-    let state = partition(&c, TOPIC, 0).await;
-    let leader = state.leader.unwrap();
-    let followers: Vec<i32> = state
-        .replicas
-        .iter()
-        .copied()
-        .filter(|b| *b != leader)
-        .collect();
-    for i in 0..200 {
-        produce_once(
-            &c.broker_address(leader),
-            TOPIC,
-            0,
-            &format!("r{i:04}-{}", "x".repeat(40)),
-            -1,
-        )
-        .await
-        .expect("acks=all");
-    }
+    let (leader, followers) = numbered_topic(&c, TOPIC).await;
     // Follower 0 loses its disk; the leader's first segment gets a flipped byte.
     let lost = followers[0];
     assert!(c.brokers[lost as usize - 1]
@@ -1097,11 +1098,5 @@ async fn a_leader_whose_read_meets_damage_hands_over_and_heals() {
     let stderr = c.brokers[leader as usize - 1].as_ref().unwrap().stderr();
     assert!(stderr.contains("read met a corrupt batch"), "{stderr}");
     assert!(stderr.contains("cut at its first damage"), "{stderr}");
-    stop_all_brokers(&mut c);
-    let records = assert_replicas_identical(&c, TOPIC, 0);
-    assert_eq!(records.len(), 200);
-    for (i, (offset, value)) in records.iter().enumerate() {
-        assert_eq!(*offset, i as u64);
-        assert!(value.starts_with(&format!("r{i:04}-")), "{offset}: {value}");
-    }
+    assert_numbered_on_every_replica(&mut c, TOPIC);
 }

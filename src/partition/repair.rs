@@ -344,19 +344,25 @@ pub fn execute(plan: &RepairPlan) -> Result<RepairOutcome, LogError> {
         damage::write_gaps(dir, &gaps).map_err(io_err(dir))?;
     }
     // 4. Force full validation on the next open: no clean marker, recovery point 0.
+    force_recovery_from(dir, 0)?;
+    Ok(outcome)
+}
+
+/// Makes the next open validate every batch from `offset` on (and rebuild those
+/// indexes): removes the clean-shutdown marker and lowers the recovery point to `offset`.
+fn force_recovery_from(dir: &Path, offset: u64) -> Result<(), LogError> {
     let marker = dir.join(CLEAN_SHUTDOWN_FILE);
     remove_if_exists(&marker).map_err(io_err(&marker))?;
     let offsets = super::loader::read_offsets_lenient(dir);
     write_offsets(
         dir,
         &OffsetsCheckpoint {
-            recovery_point: 0,
+            recovery_point: offsets.recovery_point.min(offset),
             ..offsets
         },
     )
     .map_err(io_err(dir))?;
-    checkpoint::sync_dir(dir).map_err(io_err(dir))?;
-    Ok(outcome)
+    checkpoint::sync_dir(dir).map_err(io_err(dir))
 }
 
 /// Copies `[start, end)` of `src` to a new file `to`, fsynced.
@@ -455,18 +461,7 @@ pub fn set_aside_from_first_damage(
     if kept != gaps {
         damage::write_gaps(dir, &kept).map_err(io_err(dir))?;
     }
-    let marker = dir.join(CLEAN_SHUTDOWN_FILE);
-    remove_if_exists(&marker).map_err(io_err(&marker))?;
-    let offsets = super::loader::read_offsets_lenient(dir);
-    write_offsets(
-        dir,
-        &OffsetsCheckpoint {
-            recovery_point: offsets.recovery_point.min(base),
-            ..offsets
-        },
-    )
-    .map_err(io_err(dir))?;
-    checkpoint::sync_dir(dir).map_err(io_err(dir))?;
+    force_recovery_from(dir, base)?;
     if let Some(parent) = dir.parent() {
         checkpoint::sync_dir(parent).map_err(io_err(parent))?;
     }
