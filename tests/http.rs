@@ -168,6 +168,38 @@ fn standalone_metrics_count_what_was_produced_and_consumed() {
     assert_eq!(sum(&m, "tidelog_group_lag", &group), 0.0);
     assert_eq!(samples(&m, "tidelog_group_lag", &group).len(), 3);
     assert!(sum(&m, "tidelog_group_commits_total", &[("group", "readers")]) >= 1.0);
+    // Calls to methods no service serves share one label: a client cannot add series.
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let channel = tonic::transport::Channel::from_shared(format!("http://{bootstrap}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut grpc = tonic::client::Grpc::new(channel);
+        for i in 0..20 {
+            grpc.ready().await.unwrap();
+            let path: tonic::codegen::http::uri::PathAndQuery =
+                format!("/made.Up/Method{i}").parse().unwrap();
+            let answer = grpc
+                .unary::<(), (), _>(
+                    tonic::Request::new(()),
+                    path,
+                    tonic_prost::ProstCodec::default(),
+                )
+                .await;
+            assert!(answer.is_err());
+        }
+    });
+    let m = scrape(&http);
+    assert!(
+        samples(&m, "tidelog_requests_total", &[]).iter().all(|s| !s
+            .labels
+            .get("api")
+            .unwrap_or_default()
+            .starts_with("Method")),
+        "a made-up method got its own series"
+    );
+    assert!(sum(&m, "tidelog_requests_total", &[("api", "unknown")]) >= 20.0);
     // A refused call is counted by its code.
     let (ok, _, _) = cli(&[
         "topics",
