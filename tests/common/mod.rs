@@ -485,11 +485,13 @@ impl BrokerCluster {
                 })
             })
             .collect();
+        let ports = free_ports(2 * n);
         let mut c = BrokerCluster {
             dir: tempfile::tempdir().unwrap(),
             controllers,
-            broker_ports: free_ports(n),
-            http_ports: free_ports(n),
+            // One call: its ports (and their internal ports, + 100) are all distinct.
+            broker_ports: ports[..n].to_vec(),
+            http_ports: ports[n..].to_vec(),
             brokers: (0..n).map(|_| None).collect(),
             links,
             extra_env: env
