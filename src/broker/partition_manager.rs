@@ -91,7 +91,7 @@ impl PartitionManager {
             self.partitions
                 .read()
                 .values()
-                .filter(|lp| lp.log.offline_reason().is_some() || !lp.log.damage_seen().is_empty())
+                .filter(|lp| lp.log.offline_reason().is_some() || lp.log.has_read_damage())
                 .map(|lp| (lp.topic_id.clone(), lp.partition)),
         );
         offline.sort();
@@ -163,11 +163,11 @@ impl PartitionManager {
                     if lp.log.config() != *config {
                         lp.log.update_config(config.clone());
                     }
-                    let seen = lp.log.damage_seen();
                     let failed = lp.log.offline_reason();
-                    if !refetch || (seen.is_empty() && failed.is_none()) {
+                    if !refetch || (failed.is_none() && !lp.log.has_read_damage()) {
                         continue;
                     }
+                    let seen = lp.log.damage_seen();
                     // Another in-sync copy leads: replace this one with what its files
                     // hold, cut at any damage.
                     self.partitions.write().remove(&key);

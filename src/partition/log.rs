@@ -574,6 +574,11 @@ impl PartitionLog {
         self.read_damage.lock().clone()
     }
 
+    /// Whether a read met a corrupt batch since the partition opened (no copy).
+    pub fn has_read_damage(&self) -> bool {
+        !self.read_damage.lock().is_empty()
+    }
+
     fn record_read_damage(&self, file: &Path, position: u64, offset: u64, reason: &str) {
         let mut seen = self.read_damage.lock();
         if seen.len() >= READ_DAMAGE_MAX
