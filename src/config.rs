@@ -261,6 +261,12 @@ pub struct BrokerConfig {
     /// An offsets partition's superseded commits are cleaned up once it holds this many
     /// records (and four times its live offsets).
     pub offsets_cleanup_min_records: u64,
+    /// Session timeout of consumer-protocol members that do not ask for one (Kafka's
+    /// `group.consumer.session.timeout.ms`; KIP-848 clients never do) (ms).
+    pub group_consumer_session_timeout_ms: u64,
+    /// How long a classic group starting from empty waits for more members before its
+    /// first generation (Kafka's `group.initial.rebalance.delay.ms`) (ms).
+    pub group_initial_rebalance_delay_ms: u64,
     /// Most connections open at once on the listener.
     pub connections_max: usize,
     /// Longest a new connection may take to open with the HTTP/2 preface (ms).
@@ -316,6 +322,8 @@ impl Default for BrokerConfig {
             group_min_session_timeout_ms: 500,
             group_max_session_timeout_ms: 300_000,
             offsets_cleanup_min_records: 10_000,
+            group_consumer_session_timeout_ms: 45_000,
+            group_initial_rebalance_delay_ms: 3_000,
             connections_max: 10_000,
             connection_handshake_timeout_ms: 10_000,
             connections_max_idle_ms: 600_000,
@@ -409,12 +417,15 @@ impl BrokerConfig {
         if self.offsets_topic_replication_factor == 0
             || self.group_min_session_timeout_ms == 0
             || self.group_min_session_timeout_ms > self.group_max_session_timeout_ms
+            || self.group_consumer_session_timeout_ms < self.group_min_session_timeout_ms
+            || self.group_consumer_session_timeout_ms > self.group_max_session_timeout_ms
         {
             return bad(format!(
-                "offsets_topic_replication_factor must be >= 1 and group_min_session_timeout_ms in 1..=group_max_session_timeout_ms (got {}, {}, {})",
+                "offsets_topic_replication_factor must be >= 1, group_min_session_timeout_ms in 1..=group_max_session_timeout_ms and group_consumer_session_timeout_ms within them (got {}, {}, {}, {})",
                 self.offsets_topic_replication_factor,
                 self.group_min_session_timeout_ms,
-                self.group_max_session_timeout_ms
+                self.group_max_session_timeout_ms,
+                self.group_consumer_session_timeout_ms
             ));
         }
         if self.log_retention_check_interval_ms == 0 {

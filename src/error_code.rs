@@ -87,6 +87,13 @@ error_codes! {
     InconsistentTopicId = "INCONSISTENT_TOPIC_ID", true, "The topic id does not match this broker's partition: the topic was deleted and re-created under the same name; refresh metadata.";
     InvalidRecord = "INVALID_RECORD", false, "A client batch breaks a record rule: a negative timestamp, or the transactional or control attribute (transactions are not supported yet); nothing was written.";
     PartitionLimitExceeded = "PARTITION_LIMIT_EXCEEDED", false, "Placing the new partitions would give a broker more replicas than max_partitions_per_broker allows; nothing was created. Delete topics or add brokers first.";
+    IllegalGeneration = "ILLEGAL_GENERATION", false, "The generation id is not the group's current one: the group rebalanced without this member; join again.";
+    RebalanceInProgress = "REBALANCE_IN_PROGRESS", false, "The group is rebalancing; a classic-protocol member joins again.";
+    InconsistentGroupProtocol = "INCONSISTENT_GROUP_PROTOCOL", false, "The member's protocol type or assignors match none of the group's members, or the group uses the other group protocol (classic or consumer) while it has members.";
+    InvalidSessionTimeout = "INVALID_SESSION_TIMEOUT", false, "The session timeout is outside the broker's group session timeout bounds.";
+    MemberIdRequired = "MEMBER_ID_REQUIRED", false, "A new classic-protocol member must join again with the member id this answer carries.";
+    FencedInstanceId = "FENCED_INSTANCE_ID", false, "Another process joined with this group.instance.id; this one is fenced.";
+    GroupSubscribedToTopic = "GROUP_SUBSCRIBED_TO_TOPIC", false, "The group's members subscribe to the topic; its offsets cannot be deleted while they do.";
 }
 
 impl fmt::Display for ErrorCode {

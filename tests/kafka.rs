@@ -86,7 +86,12 @@ fn start() -> Server {
         "--kafka-listen".to_owned(),
         kafka.clone(),
     ];
-    let proc = Proc::start("standalone", &args, FAST_RAFT, dir.path());
+    let mut env = FAST_RAFT.to_vec();
+    // Consumer-protocol members of a killed process leave within seconds; a classic
+    // group's first generation waits a second for the others.
+    env.push(("TIDELOG_GROUP_CONSUMER_SESSION_TIMEOUT_MS", "6000"));
+    env.push(("TIDELOG_GROUP_INITIAL_REBALANCE_DELAY_MS", "1000"));
+    let proc = Proc::start("standalone", &args, &env, dir.path());
     Server {
         _proc: proc,
         grpc,
@@ -150,49 +155,11 @@ fn kcat_consume(bootstrap: &str, topic: &str) -> Vec<Value> {
 /// A consumed record: partition, offset, key, value, headers, timestamp.
 type Consumed = (u64, i64, String, String, Vec<(String, String)>, i64);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn confluent_kafka_and_kcat_round_trip_10000_keyed_records() {
-    let Some(c) = clients() else { return };
-    let s = start();
-    python(&c, &["create", &s.kafka, "k6", "6"]);
-    let acked = python(&c, &["produce", &s.kafka, "k6", "10000", "none"]);
-    assert_eq!(acked.len(), 10_000);
-    // Every key where Kafka's default partitioner (murmur2) puts it.
-    for a in &acked {
-        let key = a["key"].as_str().unwrap();
-        assert_eq!(
-            a["partition"].as_u64().unwrap() as u32,
-            partition_for_key(key.as_bytes(), 6),
-            "{key}"
-        );
-    }
-    let check = |records: &[Consumed]| {
-        assert_eq!(records.len(), 10_000, "every record once");
-        let mut seen = HashSet::new();
-        for (partition, offset, key, value, headers, ts) in records {
-            let i: i64 = key[1..].parse().unwrap();
-            assert!(seen.insert(i), "{key} twice");
-            assert_eq!(value, &format!("v{i}"));
-            assert_eq!(
-                *partition as u32,
-                partition_for_key(key.as_bytes(), 6),
-                "{key}"
-            );
-            assert_eq!(*ts, 1_700_000_000_000 + i, "{key} timestamp");
-            assert_eq!(
-                headers,
-                &vec![
-                    ("h".to_owned(), i.to_string()),
-                    ("dup".to_owned(), "a".to_owned()),
-                    ("dup".to_owned(), "b".to_owned()),
-                ],
-                "{key} headers"
-            );
-            assert!(*offset >= 0);
-        }
-    };
-    let consumed: Vec<Consumed> = python(&c, &["consume", &s.kafka, "k6", "6", "10000"])
-        .into_iter()
+/// Parses the record lines the Python helper prints.
+fn parse_records(lines: &[Value]) -> Vec<Consumed> {
+    lines
+        .iter()
+        .filter(|r| r.get("value").is_some())
         .map(|r| {
             (
                 r["partition"].as_u64().unwrap(),
@@ -213,8 +180,88 @@ async fn confluent_kafka_and_kcat_round_trip_10000_keyed_records() {
                 r["timestamp"].as_i64().unwrap(),
             )
         })
+        .collect()
+}
+
+/// Records k0..k9999 each once, with value, partition (Kafka's murmur2), timestamp and
+/// headers as the producers wrote them.
+fn check_10000(records: &[Consumed]) {
+    assert_eq!(records.len(), 10_000, "every record once");
+    let mut seen = HashSet::new();
+    for (partition, offset, key, value, headers, ts) in records {
+        let i: i64 = key[1..].parse().unwrap();
+        assert!(seen.insert(i), "{key} twice");
+        assert_eq!(value, &format!("v{i}"));
+        assert_eq!(
+            *partition as u32,
+            partition_for_key(key.as_bytes(), 6),
+            "{key}"
+        );
+        assert_eq!(*ts, 1_700_000_000_000 + i, "{key} timestamp");
+        assert_eq!(
+            headers,
+            &vec![
+                ("h".to_owned(), i.to_string()),
+                ("dup".to_owned(), "a".to_owned()),
+                ("dup".to_owned(), "b".to_owned()),
+            ],
+            "{key} headers"
+        );
+        assert!(*offset >= 0);
+    }
+}
+
+/// `tidelog groups describe` (gRPC) shows the offsets a Kafka group committed: every
+/// partition of `topic` committed up to its log end.
+fn assert_group_at_end(s: &Server, group: &str, topic: &str, partitions: usize) {
+    let (ok, out, err) = cli(&[
+        "groups",
+        "describe",
+        "--bootstrap",
+        &s.grpc,
+        "--group",
+        group,
+        "--output",
+        "json",
+    ]);
+    assert!(ok, "{err}");
+    let d: Value = serde_json::from_str(out.trim()).unwrap();
+    let offsets: Vec<&Value> = d["offsets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|o| o["topic"] == topic)
         .collect();
-    check(&consumed);
+    assert_eq!(offsets.len(), partitions, "{group}: {d}");
+    for o in offsets {
+        assert_eq!(o["committed_offset"], o["log_end_offset"], "{group}: {o}");
+        assert_eq!(o["lag"], 0, "{group}: {o}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confluent_kafka_and_kcat_round_trip_10000_keyed_records() {
+    let Some(c) = clients() else { return };
+    let s = start();
+    python(&c, &["create", &s.kafka, "k6", "6"]);
+    let acked = python(&c, &["produce", &s.kafka, "k6", "10000", "none"]);
+    assert_eq!(acked.len(), 10_000);
+    // Every key where Kafka's default partitioner (murmur2) puts it.
+    for a in &acked {
+        let key = a["key"].as_str().unwrap();
+        assert_eq!(
+            a["partition"].as_u64().unwrap() as u32,
+            partition_for_key(key.as_bytes(), 6),
+            "{key}"
+        );
+    }
+    // A classic-protocol group consumer, committing as it goes.
+    let consumed = parse_records(&python(
+        &c,
+        &["group_consume", &s.kafka, "k6", "cg", "10000", "classic"],
+    ));
+    check_10000(&consumed);
+    assert_group_at_end(&s, "cg", "k6", 6);
     let kcat: Vec<Consumed> = kcat_consume(&s.kafka, "k6")
         .into_iter()
         .map(|r| {
@@ -236,7 +283,7 @@ async fn confluent_kafka_and_kcat_round_trip_10000_keyed_records() {
             )
         })
         .collect();
-    check(&kcat);
+    check_10000(&kcat);
     // The acknowledged offsets are where both consumers found the records.
     let acked: BTreeMap<String, (u64, i64)> = acked
         .iter()
@@ -348,6 +395,265 @@ async fn records_cross_between_grpc_and_kafka_clients() {
             serde_json::json!([{"key": "src", "value": "kcat"}])
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_python_and_aiokafka_create_produce_and_consume_in_groups() {
+    let Some(c) = clients() else { return };
+    let s = start();
+    for client in ["kafka-python", "aiokafka"] {
+        let topic = format!("t-{client}");
+        let out = python(&c, &["roundtrip", client, &s.kafka, &topic, "10000"]);
+        let acks: Vec<&Value> = out.iter().filter(|l| l.get("ack").is_some()).collect();
+        assert_eq!(acks.len(), 10_000, "{client}: every record acknowledged");
+        for a in &acks {
+            let key = a["ack"].as_str().unwrap();
+            assert_eq!(
+                a["partition"].as_u64().unwrap() as u32,
+                partition_for_key(key.as_bytes(), 6),
+                "{client}: {key} in the partition Kafka's partitioner picks"
+            );
+        }
+        check_10000(&parse_records(&out));
+        assert_group_at_end(&s, &format!("{client}-group"), &topic, 6);
+    }
+}
+
+/// One running group member (the Python helper's `member`), its output read as it comes.
+struct Member {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<Value>,
+    seen: Vec<Value>,
+}
+
+impl Member {
+    fn start(c: &Clients, bootstrap: &str, topic: &str, group: &str, protocol: &str) -> Member {
+        let mut child = Command::new(&c.python)
+            .arg(script())
+            .args(["member", bootstrap, topic, group, protocol, "10"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start member");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                    if tx.send(v).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Member {
+            child,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    fn drain(&mut self) {
+        self.seen.extend(self.lines.try_iter());
+    }
+
+    fn records(&self) -> impl Iterator<Item = (u64, i64)> + '_ {
+        self.seen
+            .iter()
+            .filter(|v| v.get("key").is_some())
+            .map(|v| {
+                (
+                    v["partition"].as_u64().unwrap(),
+                    v["offset"].as_i64().unwrap(),
+                )
+            })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_group_members_share_a_topic_and_lose_nothing_when_one_is_killed() {
+    let Some(c) = clients() else { return };
+    let s = start();
+    for protocol in ["classic", "consumer"] {
+        let topic = format!("shared-{protocol}");
+        let group = format!("three-{protocol}");
+        python(&c, &["create", &s.kafka, &topic, "6"]);
+        let acked = python(&c, &["produce", &s.kafka, &topic, "6000", "none"]);
+        assert_eq!(acked.len(), 6000);
+        let all: HashSet<(u64, i64)> = acked
+            .iter()
+            .map(|a| {
+                (
+                    a["partition"].as_u64().unwrap(),
+                    a["offset"].as_i64().unwrap(),
+                )
+            })
+            .collect();
+        let mut members: Vec<Member> = (0..3)
+            .map(|_| Member::start(&c, &s.kafka, &topic, &group, protocol))
+            .collect();
+        // Kill one member once it has processed a share of the records.
+        let deadline = std::time::Instant::now() + Duration::from_secs(90);
+        loop {
+            members[0].drain();
+            if members[0].records().count() >= 300 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{protocol}: member 0 never got 300 records: {:?}",
+                members[0].seen.iter().take(5).collect::<Vec<_>>()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        members[0].child.kill().unwrap();
+        members[0].child.wait().unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        members[0].drain();
+        for m in &mut members[1..] {
+            assert!(
+                m.child.wait().unwrap().success(),
+                "{protocol}: a member failed"
+            );
+            m.drain();
+        }
+        // At least once: together they read every record.
+        let read: HashSet<(u64, i64)> = members.iter().flat_map(|m| m.records()).collect();
+        let missing: Vec<_> = all.difference(&read).take(5).collect();
+        assert!(missing.is_empty(), "{protocol}: never read {missing:?}");
+        // Nothing lost: what the killed member read past its last commit of a partition,
+        // a survivor read again.
+        let mut committed: BTreeMap<u64, i64> = BTreeMap::new();
+        for v in &members[0].seen {
+            if let Some(pc) = v.get("committed") {
+                committed.insert(pc[0].as_u64().unwrap(), pc[1].as_i64().unwrap());
+            }
+        }
+        let survivors: HashSet<(u64, i64)> =
+            members[1..].iter().flat_map(|m| m.records()).collect();
+        for (p, o) in members[0].records() {
+            if o >= committed.get(&p).copied().unwrap_or(0) {
+                assert!(
+                    survivors.contains(&(p, o)),
+                    "{protocol}: {p}@{o} was read but not committed by the killed member, and no survivor read it"
+                );
+            }
+        }
+        assert!(
+            members[1..].iter().all(|m| m.records().count() > 0),
+            "{protocol}: every survivor took part"
+        );
+        assert_group_at_end(&s, &group, &topic, 6);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offsets_committed_over_grpc_are_seen_by_kafka_clients() {
+    let Some(c) = clients() else { return };
+    let s = start();
+    python(&c, &["create", &s.kafka, "cross", "3"]);
+    python(&c, &["produce", &s.kafka, "cross", "300", "none"]);
+    // tidelog's group consumer reads 120 records and commits them.
+    let (ok, out, err) = cli(&[
+        "consume",
+        "--bootstrap",
+        &s.grpc,
+        "--topic",
+        "cross",
+        "--group",
+        "shared",
+        "--from-beginning",
+        "--max-messages",
+        "120",
+        "--timeout-ms",
+        "10000",
+        "--output",
+        "json",
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(out.lines().count(), 120);
+    let (ok, out, err) = cli(&[
+        "groups",
+        "describe",
+        "--bootstrap",
+        &s.grpc,
+        "--group",
+        "shared",
+        "--output",
+        "json",
+    ]);
+    assert!(ok, "{err}");
+    let d: Value = serde_json::from_str(out.trim()).unwrap();
+    let grpc: BTreeMap<i64, i64> = d["offsets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| {
+            (
+                o["partition"].as_i64().unwrap(),
+                o["committed_offset"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(grpc.values().sum::<i64>(), 120, "{d}");
+    // A Kafka client's OffsetFetch sees the same offsets.
+    let kafka: BTreeMap<i64, i64> = python(&c, &["committed", &s.kafka, "shared", "cross", "3"])
+        .iter()
+        .filter(|v| v["offset"].as_i64().unwrap() >= 0)
+        .map(|v| {
+            (
+                v["partition"].as_i64().unwrap(),
+                v["offset"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(kafka, grpc);
+    // And a Kafka group member carries on from there: exactly the other 180 records.
+    let rest = python(
+        &c,
+        &[
+            "group_consume",
+            &s.kafka,
+            "cross",
+            "shared",
+            "180",
+            "classic",
+        ],
+    );
+    assert_eq!(rest.len(), 180);
+    for r in &rest {
+        let (p, o) = (
+            r["partition"].as_i64().unwrap(),
+            r["offset"].as_i64().unwrap(),
+        );
+        assert!(
+            o >= grpc.get(&p).copied().unwrap_or(0),
+            "{p}@{o} was already committed"
+        );
+    }
+    assert_group_at_end(&s, "shared", "cross", 3);
+    // The Kafka side lists and describes the group, then deletes it once empty.
+    let groups = python(&c, &["groups", &s.kafka, "shared"]);
+    assert_eq!(
+        groups[0]["listed"],
+        serde_json::json!(["shared"]),
+        "{groups:?}"
+    );
+    assert_eq!(groups[1]["state"], "EMPTY", "{groups:?}");
+    assert_eq!(groups[2]["deleted"], true, "{groups:?}");
+    let (ok, _, err) = cli(&[
+        "groups",
+        "describe",
+        "--bootstrap",
+        &s.grpc,
+        "--group",
+        "shared",
+    ]);
+    assert!(!ok && err.contains("GROUP_ID_NOT_FOUND"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

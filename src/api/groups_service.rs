@@ -17,12 +17,13 @@ use super::proto::{
 };
 use super::status::error_status;
 use crate::broker::group::assignor::TopicPartition;
-use crate::broker::group::coordinator::Heartbeat;
+use crate::broker::group::coordinator::{Committer, Heartbeat};
 use crate::broker::group::offsets::{self, OffsetKey, OffsetValue, OFFSETS_TOPIC};
 use crate::broker::group::GroupCoordinator;
 use crate::broker::{BrokerError, BrokerNode};
 use crate::client::AdminClient;
 use crate::error_code::ErrorCode;
+use crate::types::BrokerId;
 
 /// Serves the Groups service of one broker.
 pub struct GroupsService {
@@ -41,6 +42,18 @@ fn committed(k: OffsetKey, v: OffsetValue) -> CommittedOffset {
         partition: k.partition,
         offset: v.offset,
         metadata: v.metadata,
+    }
+}
+
+/// An empty member id commits administratively (the group must have no members).
+fn committer(member_id: String, epoch: i32) -> Committer {
+    if member_id.is_empty() {
+        Committer::Admin { instance: None }
+    } else {
+        Committer::Member {
+            id: member_id,
+            epoch,
+        }
     }
 }
 
@@ -74,9 +87,14 @@ impl GroupsService {
         }
     }
 
+    /// The coordinator this service serves through.
+    pub fn coordinator(&self) -> &Arc<GroupCoordinator> {
+        &self.coordinator
+    }
+
     /// Creates `__consumer_offsets` if it does not exist, and waits until this broker's
     /// metadata shows it with leaders.
-    async fn ensure_offsets_topic(&self) -> Result<(), Status> {
+    async fn ensure_offsets_topic(&self) -> Result<(), BrokerError> {
         if self.node.metadata().topic(OFFSETS_TOPIC).is_none() {
             let settings = self.coordinator.settings();
             let live = self.node.metadata().read(|image| {
@@ -105,7 +123,7 @@ impl GroupsService {
                     "created {OFFSETS_TOPIC}"
                 ),
                 Err(e) if e.code == ErrorCode::TopicAlreadyExists => {}
-                Err(e) => return Err(error_status(e.code, e.message, None)),
+                Err(e) => return Err(BrokerError::new(e.code, e.message)),
             }
         }
         let mut version = self.node.metadata().subscribe();
@@ -123,13 +141,35 @@ impl GroupsService {
                 .await
                 .is_err()
             {
-                return Err(error_status(
+                return Err(BrokerError::new(
                     ErrorCode::CoordinatorLoadInProgress,
                     format!("{OFFSETS_TOPIC} is not ready yet"),
-                    None,
                 ));
             }
         }
+    }
+
+    /// The coordinator of `group` (creating `__consumer_offsets` on first use): the
+    /// leader of the group's offsets partition, and that partition.
+    pub async fn locate(&self, group: &str) -> Result<(BrokerId, u32), BrokerError> {
+        if group.is_empty() {
+            return Err(BrokerError::new(
+                ErrorCode::InvalidRequest,
+                "group must not be empty",
+            ));
+        }
+        self.ensure_offsets_topic().await?;
+        let t = self.node.metadata().topic(OFFSETS_TOPIC).ok_or_else(|| {
+            BrokerError::new(ErrorCode::CoordinatorLoadInProgress, "no offsets topic")
+        })?;
+        let partition = offsets::partition_for(group, t.partitions.len() as u32);
+        let leader = t.partitions[partition as usize].leader.ok_or_else(|| {
+            BrokerError::new(
+                ErrorCode::CoordinatorLoadInProgress,
+                format!("{OFFSETS_TOPIC}-{partition} has no leader right now"),
+            )
+        })?;
+        Ok((leader, partition))
     }
 }
 
@@ -140,29 +180,7 @@ impl Groups for GroupsService {
         request: Request<FindCoordinatorRequest>,
     ) -> Result<Response<FindCoordinatorResponse>, Status> {
         let group = request.into_inner().group;
-        if group.is_empty() {
-            return Err(error_status(
-                ErrorCode::InvalidRequest,
-                "group must not be empty",
-                None,
-            ));
-        }
-        self.ensure_offsets_topic().await?;
-        let t = self.node.metadata().topic(OFFSETS_TOPIC).ok_or_else(|| {
-            error_status(
-                ErrorCode::CoordinatorLoadInProgress,
-                "no offsets topic",
-                None,
-            )
-        })?;
-        let partition = offsets::partition_for(&group, t.partitions.len() as u32);
-        let leader = t.partitions[partition as usize].leader.ok_or_else(|| {
-            error_status(
-                ErrorCode::CoordinatorLoadInProgress,
-                format!("{OFFSETS_TOPIC}-{partition} has no leader right now"),
-                None,
-            )
-        })?;
+        let (leader, partition) = self.locate(&group).await.map_err(status)?;
         let address = self
             .node
             .metadata()
@@ -188,12 +206,12 @@ impl Groups for GroupsService {
                 member_epoch: r.member_epoch,
                 instance_id: r.instance_id,
                 client_id: r.client_id,
-                topics: r.topics,
-                topic_regex: r.topic_regex,
+                topics: Some(r.topics),
+                topic_regex: Some(r.topic_regex),
                 strategy: r.strategy,
                 broadcast: r.broadcast,
                 session_timeout_ms: r.session_timeout_ms,
-                owned: to_set(&r.owned),
+                owned: Some(to_set(&r.owned)),
             })
             .await
             .map_err(status)?;
@@ -216,7 +234,7 @@ impl Groups for GroupsService {
             .map(|o| (o.topic, o.partition, o.offset, o.metadata))
             .collect();
         self.coordinator
-            .commit(&r.group, &r.member_id, r.member_epoch, None, entries)
+            .commit(&r.group, committer(r.member_id, r.member_epoch), entries)
             .await
             .map_err(status)?;
         Ok(Response::new(OffsetCommitResponse {}))
@@ -246,11 +264,12 @@ impl Groups for GroupsService {
             .list()
             .await
             .into_iter()
-            .map(|(group, state, members)| GroupSummary {
+            .map(|(group, state, members, kind)| GroupSummary {
                 group,
                 state,
                 members: members as u32,
                 coordinator_id: self.node.id().0,
+                group_type: kind.to_owned(),
             })
             .collect();
         Ok(Response::new(ListGroupsResponse { groups }))
@@ -265,7 +284,12 @@ impl Groups for GroupsService {
         Ok(Response::new(DescribeGroupResponse {
             group,
             state: d.state,
-            strategy: d.strategy.to_string(),
+            strategy: if d.kind == "classic" {
+                d.protocol.1.clone()
+            } else {
+                d.strategy.to_string()
+            },
+            group_type: d.kind.to_owned(),
             broadcast: d.broadcast,
             group_epoch: d.epoch,
             members: d

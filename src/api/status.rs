@@ -25,9 +25,14 @@ fn grpc_code(code: ErrorCode) -> Code {
         | ErrorCode::BrokerNotRegistered
         | ErrorCode::GroupIdNotFound => Code::NotFound,
         ErrorCode::NotCoordinator | ErrorCode::CoordinatorLoadInProgress => Code::Unavailable,
-        ErrorCode::UnknownMemberId | ErrorCode::FencedMemberEpoch | ErrorCode::GroupNotEmpty => {
-            Code::FailedPrecondition
-        }
+        ErrorCode::UnknownMemberId
+        | ErrorCode::FencedMemberEpoch
+        | ErrorCode::GroupNotEmpty
+        | ErrorCode::IllegalGeneration
+        | ErrorCode::RebalanceInProgress
+        | ErrorCode::MemberIdRequired
+        | ErrorCode::FencedInstanceId
+        | ErrorCode::GroupSubscribedToTopic => Code::FailedPrecondition,
         ErrorCode::TopicAlreadyExists | ErrorCode::DuplicateBrokerRegistration => {
             Code::AlreadyExists
         }
@@ -41,6 +46,8 @@ fn grpc_code(code: ErrorCode) -> Code {
         | ErrorCode::InvalidProducerEpoch
         | ErrorCode::RecordTooLarge
         | ErrorCode::InvalidRecord
+        | ErrorCode::InconsistentGroupProtocol
+        | ErrorCode::InvalidSessionTimeout
         | ErrorCode::CorruptMessage => Code::InvalidArgument,
         ErrorCode::OffsetOutOfRange => Code::OutOfRange,
         ErrorCode::RequestTimedOut => Code::DeadlineExceeded,

@@ -94,7 +94,7 @@ pub fn run(args: &GroupsArgs) -> Result<(), CliError> {
                     OutputFormat::Json => {
                         let list: Vec<Value> = groups
                             .iter()
-                            .map(|g| json!({"group": g.group, "state": g.state, "members": g.members, "coordinator": g.coordinator_id}))
+                            .map(|g| json!({"group": g.group, "state": g.state, "members": g.members, "coordinator": g.coordinator_id, "group_type": g.group_type}))
                             .collect();
                         println!("{}", json!({ "groups": list }));
                     }
@@ -145,18 +145,20 @@ pub fn run(args: &GroupsArgs) -> Result<(), CliError> {
                         println!(
                             "{}",
                             json!({"group": d.group, "state": d.state, "strategy": d.strategy,
+                                   "group_type": d.group_type,
                                    "broadcast": d.broadcast, "group_epoch": d.group_epoch,
                                    "members": members, "offsets": offsets})
                         );
                     }
                     OutputFormat::Table => {
                         println!(
-                            "Group: {}\tState: {}\tStrategy: {}\tEpoch: {}\tMembers: {}",
+                            "Group: {}\tState: {}\tStrategy: {}\tEpoch: {}\tMembers: {}\tType: {}",
                             d.group,
                             d.state,
                             d.strategy,
                             d.group_epoch,
-                            d.members.len()
+                            d.members.len(),
+                            d.group_type
                         );
                         for m in &d.members {
                             let parts: Vec<String> = m

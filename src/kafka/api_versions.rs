@@ -21,6 +21,19 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::OffsetForLeaderEpoch, 2, 4),
     (ApiKey::DescribeConfigs, 1, 4),
     (ApiKey::CreatePartitions, 0, 3),
+    (ApiKey::FindCoordinator, 0, 6),
+    (ApiKey::JoinGroup, 0, 9),
+    (ApiKey::SyncGroup, 0, 5),
+    (ApiKey::Heartbeat, 0, 4),
+    (ApiKey::LeaveGroup, 0, 5),
+    (ApiKey::OffsetCommit, 2, 9),
+    (ApiKey::OffsetFetch, 1, 9),
+    (ApiKey::OffsetDelete, 0, 0),
+    (ApiKey::DescribeGroups, 0, 5),
+    (ApiKey::ListGroups, 0, 5),
+    (ApiKey::DeleteGroups, 0, 2),
+    (ApiKey::ConsumerGroupHeartbeat, 0, 1),
+    (ApiKey::ConsumerGroupDescribe, 0, 1),
 ];
 
 /// The versions of `api` this listener serves, if any.
@@ -74,16 +87,12 @@ mod tests {
     }
 
     #[test]
-    fn group_apis_are_not_advertised() {
+    fn transaction_apis_are_not_advertised() {
         for k in [
-            ApiKey::FindCoordinator,
-            ApiKey::JoinGroup,
-            ApiKey::SyncGroup,
-            ApiKey::Heartbeat,
-            ApiKey::LeaveGroup,
-            ApiKey::OffsetCommit,
-            ApiKey::OffsetFetch,
-            ApiKey::ConsumerGroupHeartbeat,
+            ApiKey::AddPartitionsToTxn,
+            ApiKey::AddOffsetsToTxn,
+            ApiKey::EndTxn,
+            ApiKey::TxnOffsetCommit,
         ] {
             assert!(advertised(k).is_none(), "{k:?}");
         }

@@ -79,7 +79,7 @@ pub async fn serve_connection(
                     Some(Ok(frame)) => frame.freeze(),
                 };
                 match parse_request(frame) {
-                    Ok(request) => in_flight.push_back(Box::pin(handle(handler.clone(), request))),
+                    Ok(request) => in_flight.push_back(Box::pin(handle(handler.clone(), request, peer))),
                     Err(e) => {
                         close(e.to_string());
                         return;
@@ -92,7 +92,11 @@ pub async fn serve_connection(
 
 /// Answers one request: the encoded response frame, or `None` when Kafka sends none
 /// (a produce with acks=0).
-async fn handle(handler: Arc<KafkaHandler>, request: Request) -> anyhow::Result<Option<Bytes>> {
+async fn handle(
+    handler: Arc<KafkaHandler>,
+    request: Request,
+    peer: SocketAddr,
+) -> anyhow::Result<Option<Bytes>> {
     let (header, api, body) = match request {
         Request::ApiVersionsTooNew { correlation_id } => {
             let body = api_versions::api_versions(
@@ -103,6 +107,11 @@ async fn handle(handler: Arc<KafkaHandler>, request: Request) -> anyhow::Result<
         Request::Served { header, api, body } => (header, api, body),
     };
     let (version, id) = (header.request_api_version, header.correlation_id);
+    let client = header
+        .client_id
+        .as_ref()
+        .map(|c| c.to_string())
+        .unwrap_or_default();
     let started = std::time::Instant::now();
     let labels = [
         ("protocol", "kafka".to_owned()),
@@ -137,6 +146,31 @@ async fn handle(handler: Arc<KafkaHandler>, request: Request) -> anyhow::Result<
             encode_response(api, version, id, &h.create_partitions(r).await)
         }
         Body::DescribeConfigs(r) => encode_response(api, version, id, &h.describe_configs(r)),
+        Body::FindCoordinator(r) => {
+            encode_response(api, version, id, &h.find_coordinator(r, version).await)
+        }
+        Body::JoinGroup(r) => {
+            let answer = h.join_group(r, version, &client, peer).await;
+            encode_response(api, version, id, &answer)
+        }
+        Body::SyncGroup(r) => encode_response(api, version, id, &h.sync_group(r).await),
+        Body::Heartbeat(r) => encode_response(api, version, id, &h.heartbeat(r).await),
+        Body::LeaveGroup(r) => encode_response(api, version, id, &h.leave_group(r, version).await),
+        Body::OffsetCommit(r) => encode_response(api, version, id, &h.offset_commit(r).await),
+        Body::OffsetFetch(r) => {
+            encode_response(api, version, id, &h.offset_fetch(r, version).await)
+        }
+        Body::OffsetDelete(r) => encode_response(api, version, id, &h.offset_delete(r).await),
+        Body::DescribeGroups(r) => encode_response(api, version, id, &h.describe_groups(r).await),
+        Body::ListGroups(r) => encode_response(api, version, id, &h.list_groups(r).await),
+        Body::DeleteGroups(r) => encode_response(api, version, id, &h.delete_groups(r).await),
+        Body::ConsumerGroupHeartbeat(r) => {
+            let answer = h.consumer_group_heartbeat(r, &client).await;
+            encode_response(api, version, id, &answer)
+        }
+        Body::ConsumerGroupDescribe(r) => {
+            encode_response(api, version, id, &h.consumer_group_describe(r).await)
+        }
     };
     metrics::counter!("tidelog_requests_total", &labels).increment(1);
     metrics::histogram!("tidelog_request_duration_seconds", &labels)

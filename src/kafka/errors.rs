@@ -56,6 +56,13 @@ pub fn kafka_error(code: ErrorCode) -> ResponseError {
         C::InvalidRecord => K::InvalidRecord,
         // Kafka has no such limit; a refused placement is its nearest kin.
         C::PartitionLimitExceeded => K::PolicyViolation,
+        C::IllegalGeneration => K::IllegalGeneration,
+        C::RebalanceInProgress => K::RebalanceInProgress,
+        C::InconsistentGroupProtocol => K::InconsistentGroupProtocol,
+        C::InvalidSessionTimeout => K::InvalidSessionTimeout,
+        C::MemberIdRequired => K::MemberIdRequired,
+        C::FencedInstanceId => K::FencedInstanceId,
+        C::GroupSubscribedToTopic => K::GroupSubscribedToTopic,
     }
 }
 

@@ -8,10 +8,13 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{
-    ApiKey, ApiVersionsRequest, CreatePartitionsRequest, CreateTopicsRequest, DeleteTopicsRequest,
-    DescribeConfigsRequest, FetchRequest, InitProducerIdRequest, ListOffsetsRequest,
-    MetadataRequest, OffsetForLeaderEpochRequest, ProduceRequest, RequestHeader, ResponseHeader,
-    SaslHandshakeRequest,
+    ApiKey, ApiVersionsRequest, ConsumerGroupDescribeRequest, ConsumerGroupHeartbeatRequest,
+    CreatePartitionsRequest, CreateTopicsRequest, DeleteGroupsRequest, DeleteTopicsRequest,
+    DescribeConfigsRequest, DescribeGroupsRequest, FetchRequest, FindCoordinatorRequest,
+    HeartbeatRequest, InitProducerIdRequest, JoinGroupRequest, LeaveGroupRequest,
+    ListGroupsRequest, ListOffsetsRequest, MetadataRequest, OffsetCommitRequest,
+    OffsetDeleteRequest, OffsetFetchRequest, OffsetForLeaderEpochRequest, ProduceRequest,
+    RequestHeader, ResponseHeader, SaslHandshakeRequest, SyncGroupRequest,
 };
 use kafka_protocol::protocol::{Decodable, Encodable};
 
@@ -77,6 +80,32 @@ pub enum Body {
     DescribeConfigs(DescribeConfigsRequest),
     /// SaslHandshake.
     SaslHandshake(SaslHandshakeRequest),
+    /// FindCoordinator.
+    FindCoordinator(FindCoordinatorRequest),
+    /// JoinGroup.
+    JoinGroup(JoinGroupRequest),
+    /// SyncGroup.
+    SyncGroup(SyncGroupRequest),
+    /// Heartbeat.
+    Heartbeat(HeartbeatRequest),
+    /// LeaveGroup.
+    LeaveGroup(LeaveGroupRequest),
+    /// OffsetCommit.
+    OffsetCommit(OffsetCommitRequest),
+    /// OffsetFetch.
+    OffsetFetch(OffsetFetchRequest),
+    /// OffsetDelete.
+    OffsetDelete(OffsetDeleteRequest),
+    /// DescribeGroups.
+    DescribeGroups(DescribeGroupsRequest),
+    /// ListGroups.
+    ListGroups(ListGroupsRequest),
+    /// DeleteGroups.
+    DeleteGroups(DeleteGroupsRequest),
+    /// ConsumerGroupHeartbeat.
+    ConsumerGroupHeartbeat(ConsumerGroupHeartbeatRequest),
+    /// ConsumerGroupDescribe.
+    ConsumerGroupDescribe(ConsumerGroupDescribeRequest),
 }
 
 /// One parsed request.
@@ -164,6 +193,23 @@ fn decode_body(api: ApiKey, version: i16, buf: &mut Bytes) -> anyhow::Result<Bod
         ApiKey::CreatePartitions => Body::CreatePartitions(Decodable::decode(buf, version)?),
         ApiKey::DescribeConfigs => Body::DescribeConfigs(Decodable::decode(buf, version)?),
         ApiKey::SaslHandshake => Body::SaslHandshake(Decodable::decode(buf, version)?),
+        ApiKey::FindCoordinator => Body::FindCoordinator(Decodable::decode(buf, version)?),
+        ApiKey::JoinGroup => Body::JoinGroup(Decodable::decode(buf, version)?),
+        ApiKey::SyncGroup => Body::SyncGroup(Decodable::decode(buf, version)?),
+        ApiKey::Heartbeat => Body::Heartbeat(Decodable::decode(buf, version)?),
+        ApiKey::LeaveGroup => Body::LeaveGroup(Decodable::decode(buf, version)?),
+        ApiKey::OffsetCommit => Body::OffsetCommit(Decodable::decode(buf, version)?),
+        ApiKey::OffsetFetch => Body::OffsetFetch(Decodable::decode(buf, version)?),
+        ApiKey::OffsetDelete => Body::OffsetDelete(Decodable::decode(buf, version)?),
+        ApiKey::DescribeGroups => Body::DescribeGroups(Decodable::decode(buf, version)?),
+        ApiKey::ListGroups => Body::ListGroups(Decodable::decode(buf, version)?),
+        ApiKey::DeleteGroups => Body::DeleteGroups(Decodable::decode(buf, version)?),
+        ApiKey::ConsumerGroupHeartbeat => {
+            Body::ConsumerGroupHeartbeat(Decodable::decode(buf, version)?)
+        }
+        ApiKey::ConsumerGroupDescribe => {
+            Body::ConsumerGroupDescribe(Decodable::decode(buf, version)?)
+        }
         other => anyhow::bail!("{other:?} is advertised but has no decoder"),
     })
 }
@@ -229,9 +275,12 @@ mod tests {
             parse_request(Bytes::from_static(&[0, 3, 0])).unwrap_err(),
             FrameError::TooShort(3)
         );
-        // OffsetCommit (8) is a real Kafka API this listener does not serve yet.
-        let frame = Bytes::from_static(&[0, 8, 0, 2, 0, 0, 0, 1, 0, 0]);
-        assert_eq!(parse_request(frame).unwrap_err(), FrameError::UnknownApi(8));
+        // EndTxn (26) is a real Kafka API this listener does not serve yet.
+        let frame = Bytes::from_static(&[0, 26, 0, 2, 0, 0, 0, 1, 0, 0]);
+        assert_eq!(
+            parse_request(frame).unwrap_err(),
+            FrameError::UnknownApi(26)
+        );
         let frame = Bytes::from_static(&[0x7f, 0x7f, 0, 0, 0, 0, 0, 1]);
         assert!(matches!(
             parse_request(frame).unwrap_err(),
@@ -303,11 +352,12 @@ mod tests {
 
         #[test]
         fn random_bodies_behind_valid_headers_never_panic(
-            which in 0usize..12,
+            which in 0usize..25,
             version in 0i16..18,
             body in proptest::collection::vec(any::<u8>(), 0..256),
         ) {
-            let keys = [0i16, 1, 2, 3, 18, 19, 20, 22, 23, 32, 37, 17];
+            let keys = [0i16, 1, 2, 3, 18, 19, 20, 22, 23, 32, 37, 17,
+                        8, 9, 10, 11, 12, 13, 14, 15, 16, 42, 47, 68, 69];
             let mut frame = Vec::new();
             frame.extend_from_slice(&keys[which].to_be_bytes());
             frame.extend_from_slice(&version.to_be_bytes());

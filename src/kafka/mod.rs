@@ -20,6 +20,7 @@ pub mod connection;
 pub mod errors;
 pub mod fetch;
 pub mod frame;
+pub mod groups;
 pub mod metadata;
 pub mod offsets;
 pub mod produce;
@@ -33,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::api::broker_admin_service::BrokerAdminService;
+use crate::api::groups_service::GroupsService;
 use crate::broker::BrokerNode;
 use crate::net::LogLimiter;
 
@@ -51,11 +53,14 @@ pub struct KafkaLimits {
 /// bounds the memory one connection holds (at most this many request frames).
 pub const IN_FLIGHT_PER_CONNECTION_MAX: usize = 16;
 
-/// What the API handlers need: the broker, the Admin service for topic changes, and
-/// whether Metadata may create topics.
+/// What the API handlers need: the broker, the Admin service for topic changes, the
+/// Groups service (coordinator lookup and the coordinator), and whether Metadata may
+/// create topics.
 pub struct KafkaHandler {
     /// The broker's request handling.
     pub node: BrokerNode,
+    /// The Groups service gRPC clients call (same coordinator, same offsets).
+    pub groups: GroupsService,
     /// The Admin service gRPC clients call (same validation and forwarding).
     pub admin: BrokerAdminService,
     /// `auto_create_topics_enable`.

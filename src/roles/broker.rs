@@ -161,6 +161,12 @@ impl BrokerRuntime {
                 session_timeout_min: Duration::from_millis(config.group_min_session_timeout_ms),
                 session_timeout_max: Duration::from_millis(config.group_max_session_timeout_ms),
                 cleanup_min_records: config.offsets_cleanup_min_records,
+                session_timeout_default: Duration::from_millis(
+                    config.group_consumer_session_timeout_ms,
+                ),
+                initial_rebalance_delay: Duration::from_millis(
+                    config.group_initial_rebalance_delay_ms,
+                ),
                 ..GroupSettings::default()
             },
         );
@@ -235,6 +241,15 @@ impl BrokerRuntime {
     ) {
         let handler = Arc::new(KafkaHandler {
             node: self.node.clone(),
+            groups: GroupsService::new(
+                self.node.clone(),
+                self.groups.clone(),
+                AdminClient::internal(
+                    self.controllers.clone(),
+                    Duration::from_secs(30),
+                    self.secret.clone(),
+                ),
+            ),
             admin: self.admin_service(local),
             auto_create: self.config.auto_create_topics_enable,
         });

@@ -1,4 +1,5 @@
-"""confluent-kafka (librdkafka) side of tests/kafka.rs.
+"""The Kafka-client side of tests/kafka.rs: confluent-kafka (librdkafka), kafka-python,
+aiokafka.
 
   create BOOTSTRAP TOPIC PARTITIONS        create a topic through the AdminClient
   produce BOOTSTRAP TOPIC N COMPRESSION    N keyed records with headers and timestamps,
@@ -7,6 +8,23 @@
   consume BOOTSTRAP TOPIC PARTITIONS N     an assigned (not group) consumer from the
                                            beginning of every partition until N records;
                                            prints one JSON line per record
+  group_consume BOOTSTRAP TOPIC GROUP N PROTOCOL
+                                           a group consumer (classic or consumer protocol)
+                                           until N records, committing after each; prints
+                                           one JSON line per record
+  member BOOTSTRAP TOPIC GROUP PROTOCOL IDLE_S
+                                           one group member: prints each record, commits it
+                                           synchronously and prints {"committed": [p, o]};
+                                           exits after IDLE_S seconds without a record
+  committed BOOTSTRAP GROUP TOPIC PARTITIONS
+                                           the group's committed offsets, one JSON line each
+  groups BOOTSTRAP GROUP                    AdminClient: list groups, describe GROUP, delete it
+  roundtrip CLIENT BOOTSTRAP TOPIC N       CLIENT (kafka-python or aiokafka): create a
+                                           6-partition topic through its admin client,
+                                           produce N keyed records with headers and
+                                           timestamps (acks=all), consume them in group
+                                           "CLIENT-group" committing; prints {"ack": ...}
+                                           lines, then one JSON line per record
 """
 import json
 import sys
@@ -60,6 +78,174 @@ def produce(bootstrap, topic, n, compression):
         print(json.dumps(r))
 
 
+def record_json(partition, offset, key, value, headers, timestamp):
+    return json.dumps({
+        "partition": partition, "offset": offset,
+        "key": key.decode() if key is not None else None,
+        "value": value.decode(),
+        "headers": [[k, v.decode()] for k, v in (headers or [])],
+        "timestamp": timestamp,
+    })
+
+
+def group_consume(bootstrap, topic, group, n, protocol):
+    c = Consumer(group_config(bootstrap, group, protocol))
+    c.subscribe([topic])
+    got = 0
+    deadline = time.time() + 90
+    while got < int(n) and time.time() < deadline:
+        msg = c.poll(0.5)
+        if msg is None:
+            continue
+        if msg.error():
+            raise KafkaException(msg.error())
+        print(record_json(msg.partition(), msg.offset(), msg.key(), msg.value(),
+                          msg.headers(), msg.timestamp()[1]))
+        got += 1
+        c.commit(message=msg, asynchronous=False)
+    c.close()
+
+
+def group_config(bootstrap, group, protocol):
+    conf = {
+        "bootstrap.servers": bootstrap,
+        "group.id": group,
+        "group.protocol": protocol,
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+    }
+    if protocol == "classic":
+        conf["session.timeout.ms"] = 6000
+        conf["heartbeat.interval.ms"] = 500
+    return conf
+
+
+def member(bootstrap, topic, group, protocol, idle_s):
+    c = Consumer(group_config(bootstrap, group, protocol))
+    c.subscribe([topic])
+    last = time.time()
+    deadline = time.time() + 180
+    while time.time() - last < float(idle_s) and time.time() < deadline:
+        msg = c.poll(0.2)
+        if msg is None:
+            continue
+        if msg.error():
+            print(json.dumps({"error": str(msg.error())}), flush=True)
+            continue
+        last = time.time()
+        print(json.dumps({"partition": msg.partition(), "offset": msg.offset(),
+                          "key": msg.key().decode()}), flush=True)
+        try:
+            c.commit(message=msg, asynchronous=False)
+            print(json.dumps({"committed": [msg.partition(), msg.offset() + 1]}), flush=True)
+        except KafkaException as e:
+            # A commit refused during a rebalance: the record is read again by whoever
+            # holds the partition next.
+            print(json.dumps({"commit_error": str(e)}), flush=True)
+        time.sleep(0.002)
+    c.close()
+
+
+def committed(bootstrap, group, topic, partitions):
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    for tp in c.committed([TopicPartition(topic, p) for p in range(int(partitions))], timeout=20):
+        print(json.dumps({"partition": tp.partition, "offset": tp.offset}))
+    c.close()
+
+
+def produced(i):
+    return (f"k{i}".encode(), f"v{i}".encode(),
+            [("h", f"{i}".encode()), ("dup", b"a"), ("dup", b"b")], BASE_TS + i)
+
+
+def roundtrip(client, bootstrap, topic, n):
+    n = int(n)
+    group = f"{client}-group"
+    if client == "kafka-python":
+        from kafka import KafkaConsumer, KafkaProducer
+        from kafka.admin import KafkaAdminClient, NewTopic as KNewTopic
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+        admin.create_topics([KNewTopic(topic, 6, 1)])
+        admin.close()
+        p = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+        futures = []
+        for i in range(n):
+            key, value, headers, ts = produced(i)
+            futures.append((key, p.send(topic, key=key, value=value, headers=headers,
+                                        timestamp_ms=ts)))
+        p.flush(60)
+        for key, f in futures:
+            md = f.get(timeout=60)
+            print(json.dumps({"ack": key.decode(), "partition": md.partition, "offset": md.offset}))
+        p.close()
+        c = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group,
+                          auto_offset_reset="earliest", enable_auto_commit=False,
+                          consumer_timeout_ms=30000)
+        got = 0
+        for m in c:
+            print(record_json(m.partition, m.offset, m.key, m.value, m.headers, m.timestamp))
+            got += 1
+            if got >= n:
+                break
+        c.commit()
+        c.close()
+    elif client == "aiokafka":
+        import asyncio
+        from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+        from aiokafka.admin import AIOKafkaAdminClient, NewTopic as ANewTopic
+
+        async def run():
+            admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+            await admin.start()
+            await admin.create_topics([ANewTopic(topic, 6, 1)])
+            await admin.close()
+            p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+            await p.start()
+            try:
+                futures = []
+                for i in range(n):
+                    key, value, headers, ts = produced(i)
+                    futures.append((key, await p.send(topic, key=key, value=value,
+                                                      headers=headers, timestamp_ms=ts)))
+                for key, f in futures:
+                    md = await f
+                    print(json.dumps({"ack": key.decode(), "partition": md.partition,
+                                      "offset": md.offset}))
+            finally:
+                await p.stop()
+            c = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group,
+                                 auto_offset_reset="earliest", enable_auto_commit=False)
+            await c.start()
+            try:
+                got = 0
+                deadline = time.time() + 90
+                while got < n and time.time() < deadline:
+                    batches = await c.getmany(timeout_ms=500)
+                    for ms in batches.values():
+                        for m in ms:
+                            print(record_json(m.partition, m.offset, m.key, m.value,
+                                              m.headers, m.timestamp))
+                            got += 1
+                await c.commit()
+            finally:
+                await c.stop()
+
+        asyncio.run(run())
+    else:
+        sys.exit(f"unknown client {client}")
+
+
+def groups(bootstrap, group):
+    """Lists, describes and deletes GROUP through confluent-kafka's AdminClient."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    listed = admin.list_consumer_groups(request_timeout=20).result(timeout=30)
+    print(json.dumps({"listed": sorted(g.group_id for g in listed.valid)}))
+    d = admin.describe_consumer_groups([group], request_timeout=20)[group].result(timeout=30)
+    print(json.dumps({"state": d.state.name, "members": len(d.members)}))
+    admin.delete_consumer_groups([group], request_timeout=20)[group].result(timeout=30)
+    print(json.dumps({"deleted": True}))
+
+
 def consume(bootstrap, topic, partitions, n):
     c = Consumer({
         "bootstrap.servers": bootstrap,
@@ -88,4 +274,5 @@ def consume(bootstrap, topic, partitions, n):
 
 
 if __name__ == "__main__":
-    {"create": create, "produce": produce, "consume": consume}[sys.argv[1]](*sys.argv[2:])
+    {"create": create, "produce": produce, "consume": consume, "group_consume": group_consume,
+     "member": member, "committed": committed, "roundtrip": roundtrip, "groups": groups}[sys.argv[1]](*sys.argv[2:])

@@ -7,9 +7,11 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::Mutex;
+use bytes::Bytes;
+use tokio::sync::{oneshot, Mutex};
 
 use super::assignor::{Strategy, TopicPartition};
+use super::classic::{self, ClassicGroup, JoinAnswer, JoinRequest, Reply};
 use super::offsets::{self, OffsetKey, OffsetValue, OFFSETS_TOPIC};
 use super::state::{GroupState, Member};
 use crate::broker::error::BrokerError;
@@ -37,6 +39,9 @@ pub struct GroupSettings {
     /// An offsets partition is cleaned up once it holds this many records (and four
     /// times its live offsets).
     pub cleanup_min_records: u64,
+    /// How long a classic group starting from empty waits for more members before its
+    /// first generation (Kafka's `group.initial.rebalance.delay.ms`).
+    pub initial_rebalance_delay: Duration,
 }
 
 impl Default for GroupSettings {
@@ -49,16 +54,48 @@ impl Default for GroupSettings {
             session_timeout_default: Duration::from_secs(45),
             commit_timeout: Duration::from_secs(10),
             cleanup_min_records: 10_000,
+            initial_rebalance_delay: Duration::from_secs(3),
         }
     }
 }
 
-/// One group as the coordinator holds it.
+/// One group as the coordinator holds it. A group is of one protocol at a time, as in
+/// Kafka 4: `consumer` (server-side assignment: gRPC members and Kafka's KIP-848) while
+/// `state` has members, `classic` (JoinGroup/SyncGroup) while `classic` has.
 #[derive(Debug, Default)]
 struct Group {
     state: GroupState,
+    classic: ClassicGroup,
     offsets: BTreeMap<OffsetKey, OffsetValue>,
 }
+
+impl Group {
+    fn member_count(&self) -> usize {
+        self.state.members.len() + self.classic.members.len()
+    }
+
+    /// `classic` when it has classic members or only ever had those; else `consumer`.
+    fn kind(&self) -> &'static str {
+        if !self.classic.is_empty()
+            || (self.state.members.is_empty() && self.classic.generation > 0)
+        {
+            "classic"
+        } else {
+            "consumer"
+        }
+    }
+
+    fn state_name(&self) -> &'static str {
+        if self.kind() == "classic" {
+            self.classic.state_name()
+        } else {
+            self.state.state_name()
+        }
+    }
+}
+
+/// A JoinGroup or SyncGroup waiting for its answer: (group, member id, is a SyncGroup).
+type Waiter = (String, String, bool);
 
 #[derive(Default)]
 struct Inner {
@@ -66,6 +103,51 @@ struct Inner {
     loaded: HashMap<u32, LeaderEpoch>,
     /// Groups of loaded partitions.
     groups: BTreeMap<String, Group>,
+    /// Classic requests waiting for their answers.
+    waiters: HashMap<Waiter, oneshot::Sender<Reply>>,
+}
+
+impl Inner {
+    /// Hands completed answers to the requests waiting for them.
+    fn deliver(&mut self, group: &str, replies: Vec<Reply>) {
+        for reply in replies {
+            let key = match &reply {
+                Reply::Join(id, _) => (group.to_owned(), id.clone(), false),
+                Reply::Sync(id, _) => (group.to_owned(), id.clone(), true),
+            };
+            if let Some(tx) = self.waiters.remove(&key) {
+                let _ = tx.send(reply);
+            }
+        }
+    }
+}
+
+/// Who commits offsets.
+#[derive(Debug, Clone)]
+pub enum Committer {
+    /// An operator resetting offsets of a group without members; for broadcast groups, of
+    /// one member instance.
+    Admin {
+        /// The broadcast instance, if any.
+        instance: Option<String>,
+    },
+    /// A consumer-protocol member at its member epoch.
+    Member {
+        /// Member id.
+        id: String,
+        /// Its epoch.
+        epoch: i32,
+    },
+    /// A Kafka client: a classic member at its generation, a KIP-848 member at its epoch,
+    /// or (empty id, negative generation) a client committing for a group without members.
+    Kafka {
+        /// Member id.
+        id: String,
+        /// `group.instance.id`.
+        instance: Option<String>,
+        /// Generation (classic) or member epoch (consumer).
+        generation: i32,
+    },
 }
 
 /// A heartbeat, as the service hands it over.
@@ -81,18 +163,18 @@ pub struct Heartbeat {
     pub instance_id: String,
     /// Client name.
     pub client_id: String,
-    /// Topics by name.
-    pub topics: Vec<String>,
-    /// Topic pattern.
-    pub topic_regex: String,
+    /// Topics by name (`None`: unchanged since the last heartbeat).
+    pub topics: Option<Vec<String>>,
+    /// Topic pattern, empty for none (`None`: unchanged).
+    pub topic_regex: Option<String>,
     /// Strategy name.
     pub strategy: String,
     /// Broadcast group.
     pub broadcast: bool,
     /// Session timeout asked for (0: default).
     pub session_timeout_ms: u32,
-    /// Partitions held.
-    pub owned: BTreeSet<TopicPartition>,
+    /// Partitions held (`None`: unchanged since the last heartbeat).
+    pub owned: Option<BTreeSet<TopicPartition>>,
 }
 
 /// The answer to a heartbeat.
@@ -111,8 +193,19 @@ pub struct HeartbeatAnswer {
 /// A group's description.
 #[derive(Debug, Clone)]
 pub struct GroupDescription {
-    /// "empty", "stable" or "reconciling".
+    /// Consumer protocol: "empty", "stable" or "reconciling"; classic: Kafka's state
+    /// names ("Empty", "PreparingRebalance", "CompletingRebalance", "Stable").
     pub state: String,
+    /// "consumer" or "classic".
+    pub kind: &'static str,
+    /// Classic groups: the protocol type and the chosen protocol (assignor).
+    pub protocol: (String, String),
+    /// Classic groups: the members as they joined (metadata and assignment bytes).
+    pub classic_members: Vec<classic::ClassicMember>,
+    /// Consumer groups: the members with their subscriptions.
+    pub consumer_members: Vec<Member>,
+    /// Consumer groups: the target assignment by member key, and its epoch.
+    pub targets: (i32, BTreeMap<String, BTreeSet<TopicPartition>>),
     /// Strategy.
     pub strategy: Strategy,
     /// Broadcast.
@@ -212,6 +305,9 @@ impl GroupCoordinator {
         inner
             .groups
             .retain(|name, _| offsets::partition_for(name, count) != partition);
+        inner
+            .waiters
+            .retain(|(name, _, _), _| offsets::partition_for(name, count) != partition);
         let loaded = tokio::task::spawn_blocking(move || {
             let mut out: BTreeMap<OffsetKey, OffsetValue> = BTreeMap::new();
             let end = local.log.log_end_offset();
@@ -285,8 +381,8 @@ impl GroupCoordinator {
             .strategy
             .parse()
             .map_err(|e: String| error(ErrorCode::InvalidRequest, e))?;
-        if !hb.topic_regex.is_empty() {
-            regex::Regex::new(&hb.topic_regex).map_err(|e| {
+        if let Some(r) = hb.topic_regex.as_deref().filter(|r| !r.is_empty()) {
+            regex::Regex::new(r).map_err(|e| {
                 error(
                     ErrorCode::InvalidRequest,
                     format!("topic_regex is not a valid pattern: {e}"),
@@ -314,8 +410,18 @@ impl GroupCoordinator {
         let mut inner = self.inner.lock().await;
         self.own(&mut inner, &hb.group).await?;
         let group = inner.groups.entry(hb.group.clone()).or_default();
+        if !group.classic.is_empty() {
+            return Err(error(
+                ErrorCode::InconsistentGroupProtocol,
+                format!(
+                    "group '{}' is a classic group with {} members; it takes consumer-protocol members once it is empty",
+                    hb.group,
+                    group.classic.members.len()
+                ),
+            ));
+        }
         let state = &mut group.state;
-        if hb.member_epoch == -1 {
+        if hb.member_epoch < 0 {
             if state.remove(&hb.member_id) {
                 tracing::info!(group = %hb.group, member = %hb.member_id, "member left");
             }
@@ -326,8 +432,35 @@ impl GroupCoordinator {
                 assignment: BTreeSet::new(),
             });
         }
-        let joining = hb.member_id.is_empty();
+        // Epoch 0 joins: with no id (the coordinator names the member) or with one the
+        // client chose (KIP-848 v1); a known member joining again starts afresh.
+        // (A member's epoch stays 0 until it first holds its whole target, so epoch 0
+        // from a known member at epoch 0 is an ordinary heartbeat.)
+        let joining = hb.member_id.is_empty()
+            || (hb.member_epoch == 0
+                && state
+                    .members
+                    .get(&hb.member_id)
+                    .is_none_or(|m| m.epoch != 0));
+        if joining && hb.topics.is_none() {
+            return Err(error(
+                ErrorCode::InvalidRequest,
+                "a joining member must send its subscribed topics",
+            ));
+        }
+        if hb.member_id.len() > 255 {
+            return Err(error(
+                ErrorCode::InvalidRequest,
+                format!(
+                    "member_id must be at most 255 bytes, got {}",
+                    hb.member_id.len()
+                ),
+            ));
+        }
         let member_id = if joining {
+            if state.remove(&hb.member_id) {
+                tracing::info!(group = %hb.group, member = %hb.member_id, "member joined again");
+            }
             if state.members.is_empty() {
                 state.strategy = strategy;
                 state.broadcast = hb.broadcast;
@@ -353,7 +486,11 @@ impl GroupCoordinator {
                     state.remove(&id);
                 }
             }
-            let id = uuid::Uuid::new_v4().to_string();
+            let id = if hb.member_id.is_empty() {
+                uuid::Uuid::new_v4().to_string()
+            } else {
+                hb.member_id.clone()
+            };
             state.members.insert(
                 id.clone(),
                 Member {
@@ -393,13 +530,20 @@ impl GroupCoordinator {
             }
             hb.member_id.clone()
         };
-        let topics: BTreeSet<String> = hb.topics.iter().cloned().collect();
-        let regex = (!hb.topic_regex.is_empty()).then(|| hb.topic_regex.clone());
         let member = state.members.get_mut(&member_id).expect("present");
+        let topics: BTreeSet<String> = match hb.topics {
+            Some(t) => t.into_iter().collect(),
+            None => member.topics.clone(),
+        };
+        let regex = match hb.topic_regex {
+            Some(r) => (!r.is_empty()).then_some(r),
+            None => member.regex.clone(),
+        };
         let changed = member.topics != topics || member.regex != regex;
         member.topics = topics;
         member.regex = regex;
-        member.report_owned(joining, hb.owned);
+        let owned = hb.owned.unwrap_or_else(|| member.owned.clone());
+        member.report_owned(joining, owned);
         member.session_timeout = session;
         member.last_seen = Instant::now();
         if changed {
@@ -428,21 +572,193 @@ impl GroupCoordinator {
     pub async fn expire_members(&self) {
         let mut inner = self.inner.lock().await;
         let now = Instant::now();
+        let mut completed = Vec::new();
         for (name, group) in inner.groups.iter_mut() {
             for id in group.state.expire(now) {
                 tracing::info!(group = %name, member = %id, "member session expired; reassigning its partitions");
             }
+            let (replies, expired) = group.classic.tick(now);
+            for id in expired {
+                tracing::info!(group = %name, member = %id, "classic member session expired; rebalancing");
+            }
+            if !replies.is_empty() {
+                completed.push((name.clone(), replies));
+            }
+        }
+        for (name, replies) in completed {
+            inner.deliver(&name, replies);
         }
     }
 
-    /// Commits offsets. `member_id` empty with epoch -1 is an administrative commit,
-    /// allowed only while the group has no members.
-    pub async fn commit(
+    /// Checks a classic session timeout against the broker's bounds.
+    fn check_session_timeout(&self, session: Duration) -> Result<(), BrokerError> {
+        if session < self.settings.session_timeout_min
+            || session > self.settings.session_timeout_max
+        {
+            return Err(error(
+                ErrorCode::InvalidSessionTimeout,
+                format!(
+                    "session timeout {} ms is outside [{}, {}] ms",
+                    session.as_millis(),
+                    self.settings.session_timeout_min.as_millis(),
+                    self.settings.session_timeout_max.as_millis()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Waits for the answer of a waiting classic request; a coordinator that stops
+    /// coordinating the group drops it (NOT_COORDINATOR: the client finds the new one).
+    async fn wait(rx: oneshot::Receiver<Reply>) -> Result<Reply, BrokerError> {
+        rx.await.map_err(|_| {
+            error(
+                ErrorCode::NotCoordinator,
+                "this broker stopped coordinating the group (or the request was superseded); find the coordinator again",
+            )
+        })
+    }
+
+    /// A classic JoinGroup; waits until the join phase ends. Returns the member id (also
+    /// for MEMBER_ID_REQUIRED) and the answer.
+    pub async fn join_classic(
+        &self,
+        group: &str,
+        req: JoinRequest,
+    ) -> (String, Result<JoinAnswer, BrokerError>) {
+        let member_id = req.member_id.clone();
+        let rx = match self.start_join(group, req).await {
+            Ok(rx) => rx,
+            Err(e) => return (member_id, Err(e)),
+        };
+        match Self::wait(rx).await {
+            Ok(Reply::Join(id, answer)) => (id, answer),
+            Ok(Reply::Sync(id, _)) => (
+                id,
+                Err(error(
+                    ErrorCode::UnknownServerError,
+                    "a sync answer for a join",
+                )),
+            ),
+            Err(e) => (member_id, Err(e)),
+        }
+    }
+
+    async fn start_join(
+        &self,
+        group: &str,
+        req: JoinRequest,
+    ) -> Result<oneshot::Receiver<Reply>, BrokerError> {
+        self.check_session_timeout(req.session_timeout)?;
+        let mut inner = self.inner.lock().await;
+        self.own(&mut inner, group).await?;
+        let g = inner.groups.entry(group.to_owned()).or_default();
+        if !g.state.members.is_empty() {
+            return Err(error(
+                ErrorCode::InconsistentGroupProtocol,
+                format!(
+                    "group '{group}' is a consumer-protocol group with {} members; classic members can join once it is empty",
+                    g.state.members.len()
+                ),
+            ));
+        }
+        g.classic.initial_delay = self.settings.initial_rebalance_delay;
+        let client = req.client_id.clone();
+        let new_id = format!(
+            "{}-{}",
+            if client.is_empty() { "member" } else { &client },
+            uuid::Uuid::new_v4()
+        );
+        let (id, replies) = g.classic.join(req, new_id, Instant::now())?;
+        let (tx, rx) = oneshot::channel();
+        inner
+            .waiters
+            .insert((group.to_owned(), id.clone(), false), tx);
+        tracing::debug!(group, member = %id, client = %client, "classic member joining");
+        inner.deliver(group, replies);
+        Ok(rx)
+    }
+
+    /// A classic SyncGroup; waits for the leader's assignment. Returns this member's.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn sync_classic(
         &self,
         group: &str,
         member_id: &str,
-        member_epoch: i32,
-        instance_for_broadcast: Option<String>,
+        instance: Option<&str>,
+        generation: i32,
+        protocol_type: Option<&str>,
+        protocol: Option<&str>,
+        assignments: Vec<(String, Bytes)>,
+    ) -> Result<Bytes, BrokerError> {
+        let rx = {
+            let mut inner = self.inner.lock().await;
+            self.own(&mut inner, group).await?;
+            let g = inner.groups.entry(group.to_owned()).or_default();
+            let replies = g.classic.sync(
+                member_id,
+                instance,
+                generation,
+                protocol_type,
+                protocol,
+                assignments,
+                Instant::now(),
+            )?;
+            let (tx, rx) = oneshot::channel();
+            inner
+                .waiters
+                .insert((group.to_owned(), member_id.to_owned(), true), tx);
+            inner.deliver(group, replies);
+            rx
+        };
+        match Self::wait(rx).await? {
+            Reply::Sync(_, answer) => answer,
+            Reply::Join(..) => Err(error(
+                ErrorCode::UnknownServerError,
+                "a join answer for a sync",
+            )),
+        }
+    }
+
+    /// A classic Heartbeat.
+    pub async fn heartbeat_classic(
+        &self,
+        group: &str,
+        member_id: &str,
+        instance: Option<&str>,
+        generation: i32,
+    ) -> Result<(), BrokerError> {
+        let mut inner = self.inner.lock().await;
+        self.own(&mut inner, group).await?;
+        let g = inner.groups.entry(group.to_owned()).or_default();
+        g.classic
+            .heartbeat(member_id, instance, generation, Instant::now())
+    }
+
+    /// A classic LeaveGroup of `members` (member id, instance id): one result each.
+    pub async fn leave_classic(
+        &self,
+        group: &str,
+        members: &[(String, Option<String>)],
+    ) -> Result<Vec<Result<(), BrokerError>>, BrokerError> {
+        let mut inner = self.inner.lock().await;
+        self.own(&mut inner, group).await?;
+        let g = inner.groups.entry(group.to_owned()).or_default();
+        let (results, replies) = g.classic.leave(members, Instant::now());
+        for ((id, _), r) in members.iter().zip(&results) {
+            if r.is_ok() {
+                tracing::info!(group, member = %id, "classic member left");
+            }
+        }
+        inner.deliver(group, replies);
+        Ok(results)
+    }
+
+    /// Commits offsets as `who`. Each entry: topic, partition, offset, metadata.
+    pub async fn commit(
+        &self,
+        group: &str,
+        who: Committer,
         entries: Vec<(String, u32, i64, String)>,
     ) -> Result<(), BrokerError> {
         // The lock is held across the append, so the log and the memory see commits in
@@ -451,51 +767,82 @@ impl GroupCoordinator {
         let (partition, keys) = {
             let partition = self.own(&mut inner, group).await?;
             let g = inner.groups.entry(group.to_owned()).or_default();
-            let instance = if member_id.is_empty() {
-                if !g.state.members.is_empty() {
-                    return Err(error(
-                        ErrorCode::GroupNotEmpty,
-                        format!(
-                            "group '{group}' has {} active members; offsets can only be reset while it has none",
-                            g.state.members.len()
-                        ),
-                    ));
+            let who = match who {
+                // A Kafka commit from a member of the consumer protocol, by its epoch.
+                Committer::Kafka { id, generation, .. } if g.state.members.contains_key(&id) => {
+                    Committer::Member {
+                        id,
+                        epoch: generation,
+                    }
                 }
-                instance_for_broadcast.unwrap_or_default()
-            } else {
-                let Some(m) = g.state.members.get(member_id) else {
-                    return Err(error(
-                        ErrorCode::UnknownMemberId,
-                        format!("group '{group}' has no member {member_id}"),
-                    ));
-                };
-                // A commit may overtake the answer that raised the member's epoch.
-                if member_epoch > m.epoch || member_epoch < 0 {
-                    return Err(error(
-                        ErrorCode::FencedMemberEpoch,
-                        format!(
-                            "member {member_id} sent epoch {member_epoch}, its epoch is {}",
-                            m.epoch
-                        ),
-                    ));
+                Committer::Kafka {
+                    id,
+                    instance,
+                    generation,
+                } if !(id.is_empty() && generation < 0 && g.state.members.is_empty()) => {
+                    g.classic
+                        .check_commit(&id, instance.as_deref(), generation, Instant::now())?;
+                    Committer::Kafka {
+                        id,
+                        instance,
+                        generation,
+                    }
                 }
-                if let Some((topic, p, _, _)) = entries
-                    .iter()
-                    .find(|(t, p, _, _)| !m.may_commit(&(t.clone(), *p)))
-                {
-                    // A member that lost the partition (its session expired, or it was
-                    // reassigned) must not move the new holder's position back.
-                    return Err(error(
-                        ErrorCode::FencedMemberEpoch,
-                        format!(
-                            "member {member_id} does not hold {topic}-{p} (it was never given it, or gave it up); nothing committed"
-                        ),
-                    ));
+                Committer::Kafka { .. } => Committer::Admin { instance: None },
+                other => other,
+            };
+            let instance = match who {
+                Committer::Kafka { .. } => String::new(),
+                Committer::Admin { instance } => {
+                    if g.member_count() > 0 {
+                        return Err(error(
+                            ErrorCode::GroupNotEmpty,
+                            format!(
+                                "group '{group}' has {} active members; offsets can only be reset while it has none",
+                                g.member_count()
+                            ),
+                        ));
+                    }
+                    instance.unwrap_or_default()
                 }
-                if g.state.broadcast {
-                    m.key()
-                } else {
-                    String::new()
+                Committer::Member {
+                    id: ref member_id,
+                    epoch: member_epoch,
+                } => {
+                    let Some(m) = g.state.members.get(member_id) else {
+                        return Err(error(
+                            ErrorCode::UnknownMemberId,
+                            format!("group '{group}' has no member {member_id}"),
+                        ));
+                    };
+                    // A commit may overtake the answer that raised the member's epoch.
+                    if member_epoch > m.epoch || member_epoch < 0 {
+                        return Err(error(
+                            ErrorCode::FencedMemberEpoch,
+                            format!(
+                                "member {member_id} sent epoch {member_epoch}, its epoch is {}",
+                                m.epoch
+                            ),
+                        ));
+                    }
+                    if let Some((topic, p, _, _)) = entries
+                        .iter()
+                        .find(|(t, p, _, _)| !m.may_commit(&(t.clone(), *p)))
+                    {
+                        // A member that lost the partition (its session expired, or it was
+                        // reassigned) must not move the new holder's position back.
+                        return Err(error(
+                            ErrorCode::FencedMemberEpoch,
+                            format!(
+                                "member {member_id} does not hold {topic}-{p} (it was never given it, or gave it up); nothing committed"
+                            ),
+                        ));
+                    }
+                    if g.state.broadcast {
+                        m.key()
+                    } else {
+                        String::new()
+                    }
                 }
             };
             let now = now_ms();
@@ -608,13 +955,24 @@ impl GroupCoordinator {
                 format!("group '{group}' does not exist"),
             ));
         };
-        Ok(GroupDescription {
-            state: g.state.state_name().to_owned(),
-            strategy: g.state.strategy,
-            broadcast: g.state.broadcast,
-            epoch: g.state.epoch,
-            members: g
-                .state
+        let classic = g.kind() == "classic";
+        let protocol = g.classic.protocol.clone().unwrap_or_default();
+        let members = if classic {
+            g.classic
+                .members
+                .values()
+                .map(|m| {
+                    (
+                        m.id.clone(),
+                        m.instance_id.clone().unwrap_or_default(),
+                        m.client_id.clone(),
+                        g.classic.generation,
+                        classic::consumer_assignment(&m.assignment),
+                    )
+                })
+                .collect()
+        } else {
+            g.state
                 .members
                 .values()
                 .map(|m| {
@@ -626,7 +984,26 @@ impl GroupCoordinator {
                         m.assignment.clone(),
                     )
                 })
-                .collect(),
+                .collect()
+        };
+        Ok(GroupDescription {
+            state: g.state_name().to_owned(),
+            kind: g.kind(),
+            protocol: (
+                g.classic.protocol_type.clone().unwrap_or_default(),
+                protocol,
+            ),
+            classic_members: g.classic.members.values().cloned().collect(),
+            consumer_members: g.state.members.values().cloned().collect(),
+            targets: (g.state.target_epoch, g.state.target.clone()),
+            strategy: g.state.strategy,
+            broadcast: g.state.broadcast,
+            epoch: if classic {
+                g.classic.generation
+            } else {
+                g.state.epoch
+            },
+            members,
             offsets: g
                 .offsets
                 .iter()
@@ -645,8 +1022,8 @@ impl GroupCoordinator {
             .filter_map(|name| {
                 let g = inner.groups.get(&name)?;
                 Some(GroupSnapshot {
-                    members: g.state.members.len(),
-                    epoch: g.state.epoch,
+                    members: g.member_count(),
+                    epoch: g.state.epoch.max(g.classic.generation),
                     offsets: g
                         .offsets
                         .iter()
@@ -658,8 +1035,8 @@ impl GroupCoordinator {
             .collect()
     }
 
-    /// The groups this broker coordinates: (name, state, members).
-    pub async fn list(&self) -> Vec<(String, String, usize)> {
+    /// The groups this broker coordinates: (name, state, members, kind).
+    pub async fn list(&self) -> Vec<(String, String, usize, &'static str)> {
         let inner = self.inner.lock().await;
         let count = self
             .node
@@ -677,8 +1054,9 @@ impl GroupCoordinator {
             .map(|(name, g)| {
                 (
                     name.clone(),
-                    g.state.state_name().to_owned(),
-                    g.state.members.len(),
+                    g.state_name().to_owned(),
+                    g.member_count(),
+                    g.kind(),
                 )
             })
             .collect()
@@ -695,12 +1073,12 @@ impl GroupCoordinator {
                     format!("group '{group}' does not exist"),
                 ));
             };
-            if !g.state.members.is_empty() {
+            if g.member_count() > 0 || !g.classic.is_empty() {
                 return Err(error(
                     ErrorCode::GroupNotEmpty,
                     format!(
                         "group '{group}' has {} active members; stop them first",
-                        g.state.members.len()
+                        g.member_count()
                     ),
                 ));
             }
@@ -713,6 +1091,56 @@ impl GroupCoordinator {
         }
         inner.groups.remove(group);
         Ok(())
+    }
+
+    /// Deletes committed offsets of `partitions` (Kafka's OffsetDelete), refusing those of
+    /// topics the group's members subscribe to; one result per partition.
+    pub async fn delete_offsets(
+        &self,
+        group: &str,
+        partitions: &[TopicPartition],
+    ) -> Result<Vec<Result<(), BrokerError>>, BrokerError> {
+        let mut inner = self.inner.lock().await;
+        let partition = self.own(&mut inner, group).await?;
+        let Some(g) = inner.groups.get(group) else {
+            return Err(error(
+                ErrorCode::GroupIdNotFound,
+                format!("group '{group}' does not exist"),
+            ));
+        };
+        let mut subscribed: BTreeSet<String> = g.state.topics.keys().cloned().collect();
+        if g.classic.protocol_type.as_deref() == Some("consumer") {
+            let protocol = g.classic.protocol.clone().unwrap_or_default();
+            for m in g.classic.members.values() {
+                subscribed.extend(classic::consumer_subscription(&m.metadata(&protocol)));
+            }
+        }
+        let mut results = Vec::with_capacity(partitions.len());
+        let mut tombstones = Vec::new();
+        for (topic, p) in partitions {
+            if subscribed.contains(topic) {
+                results.push(Err(error(
+                    ErrorCode::GroupSubscribedToTopic,
+                    format!("group '{group}' has members subscribed to '{topic}'"),
+                )));
+                continue;
+            }
+            tombstones.extend(
+                g.offsets
+                    .keys()
+                    .filter(|k| k.topic == *topic && k.partition == *p)
+                    .map(|k| (k.clone(), None)),
+            );
+            results.push(Ok(()));
+        }
+        if !tombstones.is_empty() {
+            self.append(partition, &tombstones).await?;
+            let g = inner.groups.get_mut(group).expect("checked");
+            for (k, _) in tombstones {
+                g.offsets.remove(&k);
+            }
+        }
+        Ok(results)
     }
 
     /// Cleans up superseded commits: for each offsets partition this broker leads whose

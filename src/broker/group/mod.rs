@@ -7,6 +7,7 @@
 //! - [`coordinator`]: the coordinator: heartbeats, commits, loading, expiry.
 
 pub mod assignor;
+pub mod classic;
 pub mod coordinator;
 pub mod offsets;
 pub mod state;
