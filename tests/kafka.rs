@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
-use common::{cli, free_ports, read_all, Proc, FAST_RAFT};
+use common::{cli, free_ports, read_all, BrokerCluster, Proc, FAST_RAFT};
 use kafka_protocol::messages::{ApiKey, ApiVersionsRequest, MetadataRequest, RequestHeader};
 use kafka_protocol::protocol::{Encodable, StrBytes};
 use serde_json::Value;
@@ -654,6 +654,146 @@ async fn offsets_committed_over_grpc_are_seen_by_kafka_clients() {
         "shared",
     ]);
     assert!(!ok && err.contains("GROUP_ID_NOT_FOUND"), "{err}");
+}
+
+/// The leader of `topic`-0, from `topics describe`.
+fn leader_of(c: &BrokerCluster, topic: &str) -> Option<i32> {
+    let live: Vec<String> = (1..=3)
+        .filter(|id| c.brokers[*id as usize - 1].is_some())
+        .map(|id| c.broker_address(id))
+        .collect();
+    let (ok, out, _) = cli(&[
+        "topics",
+        "describe",
+        "--bootstrap",
+        &live.join(","),
+        "--topic",
+        topic,
+        "--output",
+        "json",
+    ]);
+    if !ok {
+        return None;
+    }
+    let v: Value = serde_json::from_str(out.trim()).ok()?;
+    v["topics"][0]["partitions"][0]["leader"]
+        .as_i64()
+        .map(|l| l as i32)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotent_kafka_producer_loses_and_duplicates_nothing_when_leaders_die() {
+    let Some(c) = clients() else { return };
+    let mut cluster = BrokerCluster::start(3);
+    let (ok, _, err) = cli(&[
+        "topics",
+        "create",
+        "--bootstrap",
+        &cluster.bootstrap().join(","),
+        "--topic",
+        "durable",
+        "--partitions",
+        "1",
+        "--replication-factor",
+        "3",
+        "--config",
+        "min.insync.replicas=2",
+    ]);
+    assert!(ok, "{err}");
+    let bootstrap: Vec<String> = (1..=3).map(|id| cluster.broker_kafka_address(id)).collect();
+    let n = 20_000;
+    let mut producer = Command::new(&c.python)
+        .arg(script())
+        .args([
+            "produce_through_failures",
+            &bootstrap.join(","),
+            "durable",
+            &n.to_string(),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = producer.stdout.take().unwrap();
+    let (tx, acks) = std::sync::mpsc::channel::<Value>();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if let Ok(v) = serde_json::from_str(&line) {
+                let _ = tx.send(v);
+            }
+        }
+    });
+    let mut acked: Vec<Value> = Vec::new();
+    // Twice: once some records are acknowledged, kill -9 the leader, then restart it.
+    for round in 1..=2 {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while acked.len() < round * n / 3 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "round {round}: acks stalled at {}",
+                acked.len()
+            );
+            acked.extend(acks.recv_timeout(Duration::from_secs(60)).ok());
+        }
+        let leader = leader_of(&cluster, "durable").expect("a leader");
+        cluster.brokers[leader as usize - 1]
+            .as_mut()
+            .unwrap()
+            .kill9();
+        cluster.brokers[leader as usize - 1] = None;
+        // Another replica takes over while the producer keeps sending.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if leader_of(&cluster, "durable").is_some_and(|l| l != leader) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "round {round}: no new leader"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        cluster.start_broker(leader);
+    }
+    let status = producer.wait().unwrap();
+    acked.extend(acks.try_iter());
+    let mut err = String::new();
+    producer
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(status.success(), "producer failed: {err}");
+    assert_eq!(acked.len(), n, "every record acknowledged");
+    // Read back from whoever leads now, once all three replicas are in sync again.
+    let records = read_all(&cluster.bootstrap(), "durable", 1).await;
+    let values: Vec<u64> = records.iter().map(|(_, _, v)| v.parse().unwrap()).collect();
+    let offsets: BTreeMap<u64, i64> = records
+        .iter()
+        .map(|(_, o, v)| (v.parse().unwrap(), *o))
+        .collect();
+    assert_eq!(
+        values.len(),
+        n,
+        "exactly once: no record lost, none written twice"
+    );
+    assert!(
+        values.windows(2).all(|w| w[0] < w[1]),
+        "in the order they were sent"
+    );
+    for a in &acked {
+        let i = a["ack"].as_u64().unwrap();
+        assert_eq!(
+            offsets.get(&i),
+            Some(&a["offset"].as_i64().unwrap()),
+            "record {i} at its acknowledged offset"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

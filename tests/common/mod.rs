@@ -447,6 +447,8 @@ pub struct BrokerCluster {
     pub broker_ports: Vec<u16>,
     /// Per broker: its HTTP port (metrics, health).
     pub http_ports: Vec<u16>,
+    /// Per broker: its Kafka listener's port.
+    pub kafka_ports: Vec<u16>,
     pub brokers: Vec<Option<Proc>>,
     /// Per broker: the proxy its controller links go through, when it has one.
     pub links: Vec<Option<LinkProxy>>,
@@ -485,13 +487,14 @@ impl BrokerCluster {
                 })
             })
             .collect();
-        let ports = free_ports(2 * n);
+        let ports = free_ports(3 * n);
         let mut c = BrokerCluster {
             dir: tempfile::tempdir().unwrap(),
             controllers,
             // One call: its ports (and their internal ports, + 100) are all distinct.
             broker_ports: ports[..n].to_vec(),
-            http_ports: ports[n..].to_vec(),
+            http_ports: ports[n..2 * n].to_vec(),
+            kafka_ports: ports[2 * n..].to_vec(),
             brokers: (0..n).map(|_| None).collect(),
             links,
             extra_env: env
@@ -547,6 +550,11 @@ impl BrokerCluster {
         format!("127.0.0.1:{}", self.http_ports[id as usize - 1])
     }
 
+    /// Broker `id`'s Kafka listener.
+    pub fn broker_kafka_address(&self, id: i32) -> String {
+        format!("127.0.0.1:{}", self.kafka_ports[id as usize - 1])
+    }
+
     /// See the name.
     pub fn broker_address(&self, id: i32) -> String {
         format!("127.0.0.1:{}", self.broker_ports[id as usize - 1])
@@ -574,6 +582,7 @@ impl BrokerCluster {
         ];
         args.extend(self.secret_args());
         args.extend(["--http-listen".into(), self.broker_http_address(id)]);
+        args.extend(["--kafka-listen".into(), self.broker_kafka_address(id)]);
         self.brokers[id as usize - 1] =
             Some(Proc::start("broker", &args, &self.envs(), self.dir.path()));
     }

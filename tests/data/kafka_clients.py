@@ -18,6 +18,9 @@ aiokafka.
                                            exits after IDLE_S seconds without a record
   committed BOOTSTRAP GROUP TOPIC PARTITIONS
                                            the group's committed offsets, one JSON line each
+  produce_through_failures BOOTSTRAP TOPIC N
+                                           an idempotent acks=all producer retrying through
+                                           leader failures; one {"ack": i, ...} line per record
   groups BOOTSTRAP GROUP                    AdminClient: list groups, describe GROUP, delete it
   roundtrip CLIENT BOOTSTRAP TOPIC N       CLIENT (kafka-python or aiokafka): create a
                                            6-partition topic through its admin client,
@@ -246,6 +249,41 @@ def groups(bootstrap, group):
     print(json.dumps({"deleted": True}))
 
 
+def produce_through_failures(bootstrap, topic, n):
+    """An idempotent acks=all producer that retries through leader failures; prints one
+    {"ack": i, "partition": p, "offset": o} line per acknowledged record, as it comes."""
+    p = Producer({
+        "bootstrap.servers": bootstrap,
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": 2,
+        "message.timeout.ms": 120000,
+        "retry.backoff.ms": 100,
+        "topic.metadata.refresh.interval.ms": 1000,
+    })
+    failed = []
+
+    def done(err, msg):
+        if err is not None:
+            failed.append(str(err))
+        else:
+            print(json.dumps({"ack": int(msg.value()), "partition": msg.partition(),
+                              "offset": msg.offset()}), flush=True)
+
+    for i in range(int(n)):
+        while True:
+            try:
+                p.produce(topic, key=f"k{i}", value=f"{i}", on_delivery=done)
+                break
+            except BufferError:
+                p.poll(0.05)
+        p.poll(0)
+        time.sleep(0.0005)
+    left = p.flush(150)
+    if left or failed:
+        sys.exit(f"{left} records not delivered; errors: {failed[:5]}")
+
+
 def consume(bootstrap, topic, partitions, n):
     c = Consumer({
         "bootstrap.servers": bootstrap,
@@ -275,4 +313,5 @@ def consume(bootstrap, topic, partitions, n):
 
 if __name__ == "__main__":
     {"create": create, "produce": produce, "consume": consume, "group_consume": group_consume,
-     "member": member, "committed": committed, "roundtrip": roundtrip, "groups": groups}[sys.argv[1]](*sys.argv[2:])
+     "member": member, "committed": committed, "roundtrip": roundtrip, "groups": groups,
+     "produce_through_failures": produce_through_failures}[sys.argv[1]](*sys.argv[2:])
