@@ -169,6 +169,19 @@ impl GroupsService {
                 format!("{OFFSETS_TOPIC}-{partition} has no leader right now"),
             )
         })?;
+        // A coordinator just elected answers once it has taken the partition over, so
+        // the client's first group request does not meet COORDINATOR_LOAD_IN_PROGRESS.
+        if leader == self.node.id() {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            while self
+                .node
+                .leader_partition(OFFSETS_TOPIC, partition)
+                .is_err()
+                && tokio::time::Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
         Ok((leader, partition))
     }
 }
@@ -264,12 +277,12 @@ impl Groups for GroupsService {
             .list()
             .await
             .into_iter()
-            .map(|(group, state, members, kind)| GroupSummary {
-                group,
-                state,
-                members: members as u32,
+            .map(|g| GroupSummary {
+                group: g.name,
+                state: g.state,
+                members: g.members as u32,
                 coordinator_id: self.node.id().0,
-                group_type: kind.to_owned(),
+                group_type: g.kind.to_owned(),
             })
             .collect();
         Ok(Response::new(ListGroupsResponse { groups }))

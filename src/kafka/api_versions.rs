@@ -34,6 +34,13 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DeleteGroups, 0, 2),
     (ApiKey::ConsumerGroupHeartbeat, 0, 1),
     (ApiKey::ConsumerGroupDescribe, 0, 1),
+    (ApiKey::IncrementalAlterConfigs, 0, 1),
+    (ApiKey::AlterConfigs, 0, 2),
+    (ApiKey::DescribeCluster, 0, 1),
+    (ApiKey::ElectLeaders, 0, 2),
+    (ApiKey::AlterPartitionReassignments, 0, 0),
+    (ApiKey::ListPartitionReassignments, 0, 0),
+    (ApiKey::DeleteRecords, 0, 2),
 ];
 
 /// The versions of `api` this listener serves, if any.

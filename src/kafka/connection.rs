@@ -168,6 +168,19 @@ async fn handle(
             let answer = h.consumer_group_heartbeat(r, &client).await;
             encode_response(api, version, id, &answer)
         }
+        Body::IncrementalAlterConfigs(r) => {
+            encode_response(api, version, id, &h.incremental_alter_configs(r).await)
+        }
+        Body::AlterConfigs(r) => encode_response(api, version, id, &h.alter_configs(r).await),
+        Body::DescribeCluster(r) => encode_response(api, version, id, &h.describe_cluster(r)),
+        Body::ElectLeaders(r) => encode_response(api, version, id, &h.elect_leaders(r).await),
+        Body::AlterPartitionReassignments(r) => {
+            encode_response(api, version, id, &h.alter_partition_reassignments(r).await)
+        }
+        Body::ListPartitionReassignments(r) => {
+            encode_response(api, version, id, &h.list_partition_reassignments(r))
+        }
+        Body::DeleteRecords(r) => encode_response(api, version, id, &h.delete_records(r).await),
         Body::ConsumerGroupDescribe(r) => {
             encode_response(api, version, id, &h.consumer_group_describe(r).await)
         }

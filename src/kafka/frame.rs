@@ -8,11 +8,13 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{
-    ApiKey, ApiVersionsRequest, ConsumerGroupDescribeRequest, ConsumerGroupHeartbeatRequest,
-    CreatePartitionsRequest, CreateTopicsRequest, DeleteGroupsRequest, DeleteTopicsRequest,
-    DescribeConfigsRequest, DescribeGroupsRequest, FetchRequest, FindCoordinatorRequest,
-    HeartbeatRequest, InitProducerIdRequest, JoinGroupRequest, LeaveGroupRequest,
-    ListGroupsRequest, ListOffsetsRequest, MetadataRequest, OffsetCommitRequest,
+    AlterConfigsRequest, AlterPartitionReassignmentsRequest, ApiKey, ApiVersionsRequest,
+    ConsumerGroupDescribeRequest, ConsumerGroupHeartbeatRequest, CreatePartitionsRequest,
+    CreateTopicsRequest, DeleteGroupsRequest, DeleteRecordsRequest, DeleteTopicsRequest,
+    DescribeClusterRequest, DescribeConfigsRequest, DescribeGroupsRequest, ElectLeadersRequest,
+    FetchRequest, FindCoordinatorRequest, HeartbeatRequest, IncrementalAlterConfigsRequest,
+    InitProducerIdRequest, JoinGroupRequest, LeaveGroupRequest, ListGroupsRequest,
+    ListOffsetsRequest, ListPartitionReassignmentsRequest, MetadataRequest, OffsetCommitRequest,
     OffsetDeleteRequest, OffsetFetchRequest, OffsetForLeaderEpochRequest, ProduceRequest,
     RequestHeader, ResponseHeader, SaslHandshakeRequest, SyncGroupRequest,
 };
@@ -106,6 +108,20 @@ pub enum Body {
     ConsumerGroupHeartbeat(ConsumerGroupHeartbeatRequest),
     /// ConsumerGroupDescribe.
     ConsumerGroupDescribe(ConsumerGroupDescribeRequest),
+    /// IncrementalAlterConfigs.
+    IncrementalAlterConfigs(IncrementalAlterConfigsRequest),
+    /// AlterConfigs.
+    AlterConfigs(AlterConfigsRequest),
+    /// DescribeCluster.
+    DescribeCluster(DescribeClusterRequest),
+    /// ElectLeaders.
+    ElectLeaders(ElectLeadersRequest),
+    /// AlterPartitionReassignments.
+    AlterPartitionReassignments(AlterPartitionReassignmentsRequest),
+    /// ListPartitionReassignments.
+    ListPartitionReassignments(ListPartitionReassignmentsRequest),
+    /// DeleteRecords.
+    DeleteRecords(DeleteRecordsRequest),
 }
 
 /// One parsed request.
@@ -210,6 +226,19 @@ fn decode_body(api: ApiKey, version: i16, buf: &mut Bytes) -> anyhow::Result<Bod
         ApiKey::ConsumerGroupDescribe => {
             Body::ConsumerGroupDescribe(Decodable::decode(buf, version)?)
         }
+        ApiKey::IncrementalAlterConfigs => {
+            Body::IncrementalAlterConfigs(Decodable::decode(buf, version)?)
+        }
+        ApiKey::AlterConfigs => Body::AlterConfigs(Decodable::decode(buf, version)?),
+        ApiKey::DescribeCluster => Body::DescribeCluster(Decodable::decode(buf, version)?),
+        ApiKey::ElectLeaders => Body::ElectLeaders(Decodable::decode(buf, version)?),
+        ApiKey::AlterPartitionReassignments => {
+            Body::AlterPartitionReassignments(Decodable::decode(buf, version)?)
+        }
+        ApiKey::ListPartitionReassignments => {
+            Body::ListPartitionReassignments(Decodable::decode(buf, version)?)
+        }
+        ApiKey::DeleteRecords => Body::DeleteRecords(Decodable::decode(buf, version)?),
         other => anyhow::bail!("{other:?} is advertised but has no decoder"),
     })
 }
@@ -352,12 +381,13 @@ mod tests {
 
         #[test]
         fn random_bodies_behind_valid_headers_never_panic(
-            which in 0usize..25,
+            which in 0usize..32,
             version in 0i16..18,
             body in proptest::collection::vec(any::<u8>(), 0..256),
         ) {
             let keys = [0i16, 1, 2, 3, 18, 19, 20, 22, 23, 32, 37, 17,
-                        8, 9, 10, 11, 12, 13, 14, 15, 16, 42, 47, 68, 69];
+                        8, 9, 10, 11, 12, 13, 14, 15, 16, 42, 47, 68, 69,
+                        44, 33, 60, 43, 45, 46, 21];
             let mut frame = Vec::new();
             frame.extend_from_slice(&keys[which].to_be_bytes());
             frame.extend_from_slice(&version.to_be_bytes());

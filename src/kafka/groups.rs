@@ -71,6 +71,23 @@ fn group_code(group: &str, e: &BrokerError) -> i16 {
     }
 }
 
+/// The Kafka code of a failed commit, as Kafka's coordinator answers: a failure to
+/// write the offsets log is the coordinator being unavailable (clients retry); a
+/// consumer-protocol member's epoch mismatch is STALE_MEMBER_EPOCH (clients refresh it).
+fn commit_code(group: &str, e: &BrokerError) -> i16 {
+    match e.code {
+        ErrorCode::NotEnoughReplicas
+        | ErrorCode::NotEnoughReplicasAfterAppend
+        | ErrorCode::RequestTimedOut
+        | ErrorCode::KafkaStorageError
+        | ErrorCode::UnknownTopicOrPartition => ResponseError::CoordinatorNotAvailable.code(),
+        ErrorCode::NotLeaderOrFollower => ResponseError::NotCoordinator.code(),
+        ErrorCode::RecordTooLarge => ResponseError::InvalidCommitOffsetSize.code(),
+        ErrorCode::FencedMemberEpoch => ResponseError::StaleMemberEpoch.code(),
+        _ => group_code(group, e),
+    }
+}
+
 /// A duration in ms from the wire; negative is `None`.
 fn millis(ms: i32) -> Option<Duration> {
     u64::try_from(ms).ok().map(Duration::from_millis)
@@ -158,12 +175,12 @@ impl KafkaHandler {
                         format!("coordinator broker {} has no Kafka listener", leader.0),
                     )
                 }),
+            // Anything but a bad group id is the coordinator being unavailable for now
+            // (Kafka clients retry that; other codes would fail them for good).
             Err(e) => Err((
-                match e.code {
-                    ErrorCode::NotCoordinator | ErrorCode::CoordinatorLoadInProgress => {
-                        ResponseError::CoordinatorNotAvailable.code()
-                    }
-                    _ => group_code(key, &e),
+                match group_code(key, &e) {
+                    code if code == ResponseError::InvalidGroupId.code() => code,
+                    _ => ResponseError::CoordinatorNotAvailable.code(),
                 },
                 e.message,
             )),
@@ -371,7 +388,9 @@ impl KafkaHandler {
     pub async fn offset_commit(&self, r: OffsetCommitRequest) -> OffsetCommitResponse {
         let group = r.group_id.to_string();
         let mut entries = Vec::new();
-        let mut answers: Vec<(TopicName, Vec<(i32, Option<i16>)>)> = Vec::new();
+        // Per topic: each partition with its own error, if it has one.
+        type Answers = Vec<(TopicName, Vec<(i32, Option<i16>)>)>;
+        let mut answers: Answers = Vec::new();
         for t in r.topics {
             let name = t.name.to_string();
             let partitions = self
@@ -412,7 +431,10 @@ impl KafkaHandler {
             };
             match self.groups.coordinator().commit(&group, who, entries).await {
                 Ok(()) => 0,
-                Err(e) => group_code(&group, &e),
+                Err(e) => {
+                    tracing::debug!(group, error = %e, "Kafka OffsetCommit refused");
+                    commit_code(&group, &e)
+                }
             }
         };
         OffsetCommitResponse::default().with_topics(
@@ -550,7 +572,9 @@ impl KafkaHandler {
         let mut wanted: Vec<TopicPartition> = Vec::new();
         for t in &r.topics {
             for p in &t.partitions {
-                wanted.push((t.name.to_string(), p.partition_index.max(0) as u32));
+                if let Ok(i) = u32::try_from(p.partition_index) {
+                    wanted.push((t.name.to_string(), i));
+                }
             }
         }
         let results = match self
@@ -573,12 +597,13 @@ impl KafkaHandler {
                         .partitions
                         .iter()
                         .map(|p| {
-                            let code = match results.next() {
-                                Some(Err(e)) => kafka_code(e.code),
-                                _ if p.partition_index < 0 => {
-                                    ResponseError::UnknownTopicOrPartition.code()
+                            let code = if p.partition_index < 0 {
+                                ResponseError::UnknownTopicOrPartition.code()
+                            } else {
+                                match results.next() {
+                                    Some(Err(e)) => kafka_code(e.code),
+                                    _ => 0,
                                 }
-                                _ => 0,
                             };
                             OffsetDeleteResponsePartition::default()
                                 .with_partition_index(p.partition_index)
@@ -627,15 +652,16 @@ impl KafkaHandler {
             .list()
             .await
             .into_iter()
-            .map(|(name, state, _, kind)| (name, kafka_state(kind, &state), kind))
-            .filter(|(_, state, _)| states.is_empty() || states.contains(&state.to_lowercase()))
-            .filter(|(_, _, kind)| types.is_empty() || types.iter().any(|t| t == kind))
-            .map(|(name, state, kind)| {
+            .filter(|g| {
+                states.is_empty() || states.contains(&kafka_state(g.kind, &g.state).to_lowercase())
+            })
+            .filter(|g| types.is_empty() || types.iter().any(|t| t == g.kind))
+            .map(|g| {
                 ListedGroup::default()
-                    .with_group_id(GroupId(s(name)))
-                    .with_protocol_type(s("consumer"))
-                    .with_group_state(s(state))
-                    .with_group_type(s(kind))
+                    .with_group_state(s(kafka_state(g.kind, &g.state)))
+                    .with_group_id(GroupId(s(g.name)))
+                    .with_protocol_type(s(g.protocol_type))
+                    .with_group_type(s(g.kind))
             })
             .collect();
         ListGroupsResponse::default().with_groups(groups)
@@ -849,7 +875,7 @@ fn described(d: GroupDescription) -> DescribedGroup {
         return DescribedGroup::default()
             .with_group_state(s(d.state))
             .with_protocol_type(s(protocol_type))
-            .with_protocol_data(s(protocol))
+            .with_protocol_data(s(if stable { protocol } else { String::new() }))
             .with_members(members);
     }
     let members = d
@@ -888,6 +914,9 @@ mod tests {
         assert_eq!(consumer_assignment(&assignment_bytes(&set)), set);
         assert!(consumer_assignment(b"\x00").is_empty());
         assert!(consumer_assignment(b"\x00\x00\xff\xff\xff\x7f").is_empty());
+        // A count of 2^31-1 with nothing behind it: an error, not an abort.
+        assert!(consumer_assignment(b"\x00\x00\x00\x01\x7f\xff\xff\xff").is_empty());
+        assert!(consumer_assignment(b"\x00\x00\x7f\xff\xff\xff").is_empty());
     }
 
     #[test]

@@ -16,6 +16,7 @@
 pub mod admin;
 pub mod alloc_guard;
 pub mod api_versions;
+pub mod cluster_admin;
 pub mod connection;
 pub mod errors;
 pub mod fetch;

@@ -21,6 +21,8 @@ aiokafka.
   produce_through_failures BOOTSTRAP TOPIC N
                                            an idempotent acks=all producer retrying through
                                            leader failures; one {"ack": i, ...} line per record
+  admin BOOTSTRAP TOPIC                     AdminClient: configs, cluster, elections,
+                                           DeleteRecords, group offsets (JSON per step)
   groups BOOTSTRAP GROUP                    AdminClient: list groups, describe GROUP, delete it
   roundtrip CLIENT BOOTSTRAP TOPIC N       CLIENT (kafka-python or aiokafka): create a
                                            6-partition topic through its admin client,
@@ -284,6 +286,47 @@ def produce_through_failures(bootstrap, topic, n):
         sys.exit(f"{left} records not delivered; errors: {failed[:5]}")
 
 
+def admin(bootstrap, topic):
+    """confluent-kafka's AdminClient against TOPIC (2 partitions, 100 records in each):
+    configs, cluster, leader election, record deletion, group offsets; one JSON line per
+    step."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, ElectionType
+    from confluent_kafka.admin import (AlterConfigOpType, ConfigEntry, ConfigResource,
+                                       OffsetSpec)
+    a = AdminClient({"bootstrap.servers": bootstrap})
+    res = ConfigResource("TOPIC", topic, incremental_configs=[
+        ConfigEntry("retention.ms", "3600000",
+                    incremental_operation=AlterConfigOpType.SET)])
+    a.incremental_alter_configs([res])[res].result(timeout=30)
+    bad = ConfigResource("TOPIC", topic, incremental_configs=[
+        ConfigEntry("retention.ms", "soon", incremental_operation=AlterConfigOpType.SET)])
+    try:
+        a.incremental_alter_configs([bad])[bad].result(timeout=30)
+        bad_error = None
+    except KafkaException as e:
+        bad_error = e.args[0].name()
+    d = a.describe_configs([ConfigResource("TOPIC", topic)])
+    configs = list(d.values())[0].result(timeout=30)
+    print(json.dumps({"retention.ms": configs["retention.ms"].value, "bad": bad_error}))
+    c = a.describe_cluster(request_timeout=20).result(timeout=30)
+    print(json.dumps({"cluster_id": c.cluster_id, "nodes": len(c.nodes)}))
+    tps = [TopicPartition(topic, 0)]
+    e = a.elect_leaders(ElectionType.PREFERRED, tps).result(timeout=30)
+    print(json.dumps({"elect": {f"{tp.topic}-{tp.partition}": (err.name() if err else None)
+                                for tp, err in e.items()}}))
+    futs = a.delete_records([TopicPartition(topic, 0, 40)])
+    low = {f"{tp.partition}": f.result(timeout=30).low_watermark for tp, f in futs.items()}
+    offs = a.list_offsets({TopicPartition(topic, 0): OffsetSpec.earliest()})
+    earliest = {f"{tp.partition}": f.result(timeout=30).offset for tp, f in offs.items()}
+    print(json.dumps({"low_watermark": low, "earliest": earliest}))
+    g = ConsumerGroupTopicPartitions("admin-group", [TopicPartition(topic, 1, 77)])
+    a.alter_consumer_group_offsets([g])["admin-group"].result(timeout=30)
+    got = a.list_consumer_group_offsets([ConsumerGroupTopicPartitions("admin-group")])
+    listed = got["admin-group"].result(timeout=30)
+    print(json.dumps({"group_offsets": {f"{tp.partition}": tp.offset
+                                        for tp in listed.topic_partitions}}))
+
+
 def consume(bootstrap, topic, partitions, n):
     c = Consumer({
         "bootstrap.servers": bootstrap,
@@ -314,4 +357,4 @@ def consume(bootstrap, topic, partitions, n):
 if __name__ == "__main__":
     {"create": create, "produce": produce, "consume": consume, "group_consume": group_consume,
      "member": member, "committed": committed, "roundtrip": roundtrip, "groups": groups,
-     "produce_through_failures": produce_through_failures}[sys.argv[1]](*sys.argv[2:])
+     "produce_through_failures": produce_through_failures, "admin": admin}[sys.argv[1]](*sys.argv[2:])

@@ -376,7 +376,10 @@ impl ClassicGroup {
         if member.awaiting_sync {
             replies.push(Reply::Sync(old.clone(), Err(fenced())));
         }
-        let same = member.protocols == req.protocols;
+        // Metadata changes with every restart (owned partitions, generation): what matters
+        // is whether the member supports the same protocols.
+        let same =
+            member.protocol_names() == req.protocols.iter().map(|(n, _)| n.as_str()).collect();
         let was_leader = self.leader.as_deref() == Some(old.as_str());
         if was_leader {
             self.leader = Some(new_id.clone());
@@ -391,9 +394,10 @@ impl ClassicGroup {
         member.awaiting_join = false;
         member.awaiting_sync = false;
         self.members.insert(new_id.clone(), member);
-        let quiet = same
-            && (matches!(self.phase, Phase::Completing { .. })
-                || (self.phase == Phase::Stable && (!was_leader || req.supports_skip_assignment)));
+        // Only a stable group keeps its assignment: during a sync phase the leader's
+        // assignment would name the old member id (Kafka rebalances then too).
+        let quiet =
+            same && self.phase == Phase::Stable && (!was_leader || req.supports_skip_assignment);
         if quiet {
             let answer = self.answer(was_leader, was_leader);
             replies.push(Reply::Join(new_id.clone(), Ok(answer)));
@@ -508,7 +512,7 @@ impl ClassicGroup {
         // Dynamic members that did not rejoin are gone; static ones keep their place.
         self.members
             .retain(|_, m| m.awaiting_join || m.instance_id.is_some());
-        self.generation += 1;
+        self.generation = self.generation.checked_add(1).unwrap_or(1);
         if self.members.is_empty() {
             self.phase = Phase::Empty;
             self.protocol = None;
@@ -745,13 +749,17 @@ impl ClassicGroup {
 
     /// Time passes: expires members whose session ran out and pending ids, ends phases
     /// whose deadline passed. Returns the replies completed and the expired member ids.
-    pub fn tick(&mut self, now: Instant) -> (Vec<Reply>, Vec<String>) {
+    /// With `expire` false, no session runs out in this tick (the caller could not watch
+    /// the sessions meanwhile, e.g. heartbeats waited behind a slow commit).
+    pub fn tick(&mut self, now: Instant, expire: bool) -> (Vec<Reply>, Vec<String>) {
         let mut replies = Vec::new();
-        self.pending.retain(|_, expires| *expires > now);
+        if expire {
+            self.pending.retain(|_, expires| *expires > now);
+        }
         let expired: Vec<String> = self
             .members
             .values()
-            .filter(|m| !m.awaiting_join && !m.awaiting_sync)
+            .filter(|m| expire && !m.awaiting_join && !m.awaiting_sync)
             .filter(|m| now.saturating_duration_since(m.last_seen) > m.session_timeout)
             .map(|m| m.id.clone())
             .collect();
@@ -920,8 +928,12 @@ mod tests {
             .join(req("b", &["roundrobin", "range"]), "y".into(), t0)
             .unwrap();
         assert!(r.is_empty());
-        assert_eq!(g.tick(t0 + DELAY / 2).0.len(), 0, "not before the delay");
-        let (r, _) = g.tick(t0 + DELAY);
+        assert_eq!(
+            g.tick(t0 + DELAY / 2, true).0.len(),
+            0,
+            "not before the delay"
+        );
+        let (r, _) = g.tick(t0 + DELAY, true);
         let j = joins(&r);
         assert_eq!(j.len(), 2);
         let la = j["a"].as_ref().unwrap();
@@ -1006,14 +1018,14 @@ mod tests {
         for _ in 0..11 {
             now += Duration::from_secs(1);
             g.heartbeat(&a, None, 1, now).unwrap();
-            g.tick(now);
+            g.tick(now, true);
         }
         assert!(!g.members.contains_key(&b));
         assert_eq!(g.state_name(), "PreparingRebalance");
         let (_, r) = g.join(req(&a, &["range"]), "-".into(), now).unwrap();
         assert_eq!(joins(&r)[&a].as_ref().unwrap().generation, 2);
         // Now a stops answering after the join: the sync phase times out.
-        let (r, _) = g.tick(now + Duration::from_secs(31));
+        let (r, _) = g.tick(now + Duration::from_secs(31), true);
         assert!(r.is_empty());
         assert_eq!(g.state_name(), "Empty");
         assert!(g.members.is_empty());
@@ -1034,7 +1046,7 @@ mod tests {
         // b heartbeats (REBALANCE_IN_PROGRESS) but never rejoins.
         let later = now + Duration::from_secs(29);
         assert!(g.heartbeat(&b, None, 1, later).is_err());
-        let (r, _) = g.tick(now + Duration::from_secs(30));
+        let (r, _) = g.tick(now + Duration::from_secs(30), true);
         let j = joins(&r);
         assert_eq!(j.len(), 1);
         assert_eq!(j[&a].as_ref().unwrap().members.len(), 1);
@@ -1073,10 +1085,32 @@ mod tests {
             code(&g.heartbeat(&old, Some("i1"), 1, t0)),
             Some(ErrorCode::FencedInstanceId)
         );
+        // A restart carries new metadata (owned partitions, generation): still quiet.
+        let mut changed = r1.clone();
+        changed.protocols = vec![("range".to_owned(), Bytes::from("other bytes"))];
+        let (newer, r) = g.join(changed, "m2b".into(), t0).unwrap();
+        assert_eq!(joins(&r)[&newer].as_ref().unwrap().generation, 1);
         // An older client (no skip_assignment) that led: a rebalance.
         r1.supports_skip_assignment = false;
         let (newer, r) = g.join(r1, "m3".into(), t0).unwrap();
         assert_eq!(joins(&r)[&newer].as_ref().unwrap().generation, 2);
+    }
+
+    #[test]
+    fn a_static_member_restarting_mid_sync_starts_a_rebalance() {
+        let t0 = Instant::now();
+        let mut g = ClassicGroup::new(Duration::ZERO);
+        let mut r1 = req("", &["range"]);
+        r1.instance_id = Some("i1".into());
+        let (old, _) = g.join(r1.clone(), "m1".into(), t0).unwrap();
+        assert_eq!(g.state_name(), "CompletingRebalance");
+        // It restarts before its SyncGroup: the leader's assignment would name `old`.
+        let (new, r) = g.join(r1, "m2".into(), t0).unwrap();
+        let j = joins(&r);
+        let answer = j[&new].clone().unwrap();
+        assert_eq!(answer.generation, 2, "a new generation");
+        assert!(!answer.skip_assignment, "the new leader assigns");
+        assert!(!g.members.contains_key(&old));
     }
 
     #[test]
@@ -1201,7 +1235,7 @@ mod tests {
                     }
                     Op::Tick(ms) => {
                         now += Duration::from_millis(ms);
-                        let (replies, _) = g.tick(now);
+                        let (replies, _) = g.tick(now, true);
                         settle(replies, &mut waiting_join, &mut waiting_sync);
                     }
                 }
@@ -1222,9 +1256,9 @@ mod tests {
                 }
             }
             // Long after: every join still waiting on a member is answered.
-            let (replies, _) = g.tick(now + Duration::from_secs(3600));
+            let (replies, _) = g.tick(now + Duration::from_secs(3600), true);
             settle(replies, &mut waiting_join, &mut waiting_sync);
-            let (replies, _) = g.tick(now + Duration::from_secs(7200));
+            let (replies, _) = g.tick(now + Duration::from_secs(7200), true);
             settle(replies, &mut waiting_join, &mut waiting_sync);
             prop_assert!(waiting_join.iter().all(|id| !g.members.contains_key(id)));
             prop_assert!(g.members.values().all(|m| !m.awaiting_join && !m.awaiting_sync));

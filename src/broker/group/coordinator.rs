@@ -218,6 +218,21 @@ pub struct GroupDescription {
     pub offsets: Vec<(OffsetKey, OffsetValue)>,
 }
 
+/// A group as ListGroups shows it.
+#[derive(Debug, Clone)]
+pub struct GroupListing {
+    /// Its name.
+    pub name: String,
+    /// Its state (see [`GroupDescription::state`]).
+    pub state: String,
+    /// Members now.
+    pub members: usize,
+    /// "consumer" or "classic".
+    pub kind: &'static str,
+    /// The members' protocol type ("consumer" for consumers).
+    pub protocol_type: String,
+}
+
 /// One coordinated group, for metrics.
 #[derive(Debug, Clone)]
 pub struct GroupSnapshot {
@@ -240,6 +255,13 @@ pub struct GroupCoordinator {
 
 fn error(code: ErrorCode, message: impl Into<String>) -> BrokerError {
     BrokerError::new(code, message)
+}
+
+fn unknown_member(group: &str, member_id: &str) -> BrokerError {
+    error(
+        ErrorCode::UnknownMemberId,
+        format!("group '{group}' has no member '{member_id}'"),
+    )
 }
 
 impl GroupCoordinator {
@@ -283,7 +305,16 @@ impl GroupCoordinator {
             .leader_partition(OFFSETS_TOPIC, partition)
             .map_err(|e| {
                 let mut e = e;
-                if e.code == ErrorCode::NotLeaderOrFollower {
+                let me = self.node.id();
+                let leads = self.node.metadata().topic(OFFSETS_TOPIC).is_some_and(|t| {
+                    t.partitions
+                        .get(partition as usize)
+                        .is_some_and(|p| p.leader == Some(me))
+                });
+                if e.code == ErrorCode::NotLeaderOrFollower && leads {
+                    // Elected but still taking the partition over: Kafka clients wait.
+                    e.code = ErrorCode::CoordinatorLoadInProgress;
+                } else if e.code == ErrorCode::NotLeaderOrFollower {
                     e.code = ErrorCode::NotCoordinator;
                     e.message = format!(
                         "broker {} does not coordinate group '{group}': {}",
@@ -427,7 +458,7 @@ impl GroupCoordinator {
             }
             return Ok(HeartbeatAnswer {
                 member_id: hb.member_id,
-                member_epoch: -1,
+                member_epoch: hb.member_epoch,
                 heartbeat_interval: Duration::ZERO,
                 assignment: BTreeSet::new(),
             });
@@ -569,15 +600,25 @@ impl GroupCoordinator {
     }
 
     /// Removes members whose sessions ran out (call periodically).
+    ///
+    /// A tick that waited for the coordinator (behind a slow commit, say) expires no
+    /// session: the heartbeats that waited alongside it have not been counted yet. It also
+    /// unloads the groups of offsets partitions this broker no longer leads, which answers
+    /// their waiting requests with NOT_COORDINATOR.
     pub async fn expire_members(&self) {
+        let asked = Instant::now();
         let mut inner = self.inner.lock().await;
         let now = Instant::now();
+        let expire = now.duration_since(asked) < Duration::from_millis(200);
+        self.unload_lost(&mut inner);
         let mut completed = Vec::new();
         for (name, group) in inner.groups.iter_mut() {
-            for id in group.state.expire(now) {
-                tracing::info!(group = %name, member = %id, "member session expired; reassigning its partitions");
+            if expire {
+                for id in group.state.expire(now) {
+                    tracing::info!(group = %name, member = %id, "member session expired; reassigning its partitions");
+                }
             }
-            let (replies, expired) = group.classic.tick(now);
+            let (replies, expired) = group.classic.tick(now, expire);
             for id in expired {
                 tracing::info!(group = %name, member = %id, "classic member session expired; rebalancing");
             }
@@ -588,6 +629,42 @@ impl GroupCoordinator {
         for (name, replies) in completed {
             inner.deliver(&name, replies);
         }
+    }
+
+    /// Forgets the groups (and their waiting requests) of offsets partitions this broker
+    /// stopped leading, or leads in a newer epoch than it loaded them in.
+    fn unload_lost(&self, inner: &mut Inner) {
+        let lost: Vec<u32> = inner
+            .loaded
+            .iter()
+            .filter(|(p, epoch)| {
+                self.node
+                    .leader_partition(OFFSETS_TOPIC, **p)
+                    .map_or(true, |(_, current)| current != **epoch)
+            })
+            .map(|(p, _)| *p)
+            .collect();
+        if lost.is_empty() {
+            return;
+        }
+        let count = self
+            .node
+            .metadata()
+            .topic(OFFSETS_TOPIC)
+            .map_or(1, |t| t.partitions.len() as u32);
+        for p in &lost {
+            inner.loaded.remove(p);
+            tracing::info!(
+                partition = p,
+                "no longer coordinating the groups of this offsets partition"
+            );
+        }
+        inner
+            .groups
+            .retain(|name, _| !lost.contains(&offsets::partition_for(name, count)));
+        inner
+            .waiters
+            .retain(|(name, _, _), _| !lost.contains(&offsets::partition_for(name, count)));
     }
 
     /// Checks a classic session timeout against the broker's bounds.
@@ -669,7 +746,20 @@ impl GroupCoordinator {
             if client.is_empty() { "member" } else { &client },
             uuid::Uuid::new_v4()
         );
-        let (id, replies) = g.classic.join(req, new_id, Instant::now())?;
+        let (id, replies) = match g.classic.join(req, new_id, Instant::now()) {
+            Ok(joined) => joined,
+            Err(e) => {
+                // A refused join to a group nobody uses leaves nothing behind.
+                if g.member_count() == 0
+                    && g.classic.is_empty()
+                    && g.classic.generation == 0
+                    && g.offsets.is_empty()
+                {
+                    inner.groups.remove(group);
+                }
+                return Err(e);
+            }
+        };
         let (tx, rx) = oneshot::channel();
         inner
             .waiters
@@ -694,7 +784,10 @@ impl GroupCoordinator {
         let rx = {
             let mut inner = self.inner.lock().await;
             self.own(&mut inner, group).await?;
-            let g = inner.groups.entry(group.to_owned()).or_default();
+            let g = inner
+                .groups
+                .get_mut(group)
+                .ok_or_else(|| unknown_member(group, member_id))?;
             let replies = g.classic.sync(
                 member_id,
                 instance,
@@ -730,7 +823,10 @@ impl GroupCoordinator {
     ) -> Result<(), BrokerError> {
         let mut inner = self.inner.lock().await;
         self.own(&mut inner, group).await?;
-        let g = inner.groups.entry(group.to_owned()).or_default();
+        let g = inner
+            .groups
+            .get_mut(group)
+            .ok_or_else(|| unknown_member(group, member_id))?;
         g.classic
             .heartbeat(member_id, instance, generation, Instant::now())
     }
@@ -743,7 +839,12 @@ impl GroupCoordinator {
     ) -> Result<Vec<Result<(), BrokerError>>, BrokerError> {
         let mut inner = self.inner.lock().await;
         self.own(&mut inner, group).await?;
-        let g = inner.groups.entry(group.to_owned()).or_default();
+        let Some(g) = inner.groups.get_mut(group) else {
+            return Ok(members
+                .iter()
+                .map(|(id, _)| Err(unknown_member(group, id)))
+                .collect());
+        };
         let (results, replies) = g.classic.leave(members, Instant::now());
         for ((id, _), r) in members.iter().zip(&results) {
             if r.is_ok() {
@@ -768,6 +869,24 @@ impl GroupCoordinator {
             let partition = self.own(&mut inner, group).await?;
             let g = inner.groups.entry(group.to_owned()).or_default();
             let who = match who {
+                // No member id and no generation: a client committing for a group without
+                // members (a Kafka "simple" consumer, or a tool).
+                Committer::Kafka {
+                    ref id,
+                    generation,
+                    ref instance,
+                } if id.is_empty() && generation < 0 && instance.is_none() => {
+                    if g.member_count() > 0 {
+                        return Err(error(
+                            ErrorCode::UnknownMemberId,
+                            format!(
+                                "group '{group}' has {} active members; commit as one of them",
+                                g.member_count()
+                            ),
+                        ));
+                    }
+                    Committer::Admin { instance: None }
+                }
                 // A Kafka commit from a member of the consumer protocol, by its epoch.
                 Committer::Kafka { id, generation, .. } if g.state.members.contains_key(&id) => {
                     Committer::Member {
@@ -779,7 +898,7 @@ impl GroupCoordinator {
                     id,
                     instance,
                     generation,
-                } if !(id.is_empty() && generation < 0 && g.state.members.is_empty()) => {
+                } => {
                     g.classic
                         .check_commit(&id, instance.as_deref(), generation, Instant::now())?;
                     Committer::Kafka {
@@ -788,7 +907,6 @@ impl GroupCoordinator {
                         generation,
                     }
                 }
-                Committer::Kafka { .. } => Committer::Admin { instance: None },
                 other => other,
             };
             let instance = match who {
@@ -967,7 +1085,11 @@ impl GroupCoordinator {
                         m.instance_id.clone().unwrap_or_default(),
                         m.client_id.clone(),
                         g.classic.generation,
-                        classic::consumer_assignment(&m.assignment),
+                        if g.classic.protocol_type.as_deref() == Some("consumer") {
+                            classic::consumer_assignment(&m.assignment)
+                        } else {
+                            BTreeSet::new()
+                        },
                     )
                 })
                 .collect()
@@ -1015,7 +1137,7 @@ impl GroupCoordinator {
     /// Every group this broker coordinates, with its member count, epoch and committed
     /// offsets (for metrics).
     pub async fn snapshot(&self) -> Vec<GroupSnapshot> {
-        let coordinated: Vec<String> = self.list().await.into_iter().map(|g| g.0).collect();
+        let coordinated: Vec<String> = self.list().await.into_iter().map(|g| g.name).collect();
         let inner = self.inner.lock().await;
         coordinated
             .into_iter()
@@ -1035,8 +1157,8 @@ impl GroupCoordinator {
             .collect()
     }
 
-    /// The groups this broker coordinates: (name, state, members, kind).
-    pub async fn list(&self) -> Vec<(String, String, usize, &'static str)> {
+    /// The groups this broker coordinates.
+    pub async fn list(&self) -> Vec<GroupListing> {
         let inner = self.inner.lock().await;
         let count = self
             .node
@@ -1051,13 +1173,17 @@ impl GroupCoordinator {
                 self.node.leader_partition(OFFSETS_TOPIC, p).is_ok()
                     && inner.loaded.contains_key(&p)
             })
-            .map(|(name, g)| {
-                (
-                    name.clone(),
-                    g.state_name().to_owned(),
-                    g.member_count(),
-                    g.kind(),
-                )
+            .map(|(name, g)| GroupListing {
+                name: name.clone(),
+                state: g.state_name().to_owned(),
+                members: g.member_count(),
+                kind: g.kind(),
+                protocol_type: g
+                    .classic
+                    .protocol_type
+                    .clone()
+                    .filter(|_| g.kind() == "classic")
+                    .unwrap_or_else(|| "consumer".to_owned()),
             })
             .collect()
     }
