@@ -1,8 +1,10 @@
-//! The Kafka listener against real Kafka clients: kcat and confluent-kafka (librdkafka)
-//! talk to a real `tidelog standalone`; records cross between the Kafka and gRPC doors;
-//! bad frames close only their own connection.
+//! The Kafka listener against real Kafka clients: kcat, confluent-kafka (librdkafka),
+//! kafka-python and aiokafka talk to a real `tidelog standalone` (and a 3-broker cluster):
+//! produce, consume in groups of both protocols, administer; records and committed
+//! offsets cross between the Kafka and gRPC doors; bad frames close only their own
+//! connection.
 //!
-//! The clients come from `.ci/kafka-clients` (Debian's kcat; a venv with confluent-kafka
+//! The clients come from `.ci/kafka-clients` (Debian's kcat; a venv with the Python clients
 //! at `$KAFKA_CLIENTS_VENV`, default `~/.cache/tidelog/kafka-clients-venv`). Without them a
 //! test prints why and passes, unless `KAFKA_CLIENTS_REQUIRE=1` (CI sets it): then it fails.
 
@@ -42,11 +44,14 @@ fn clients() -> Option<Clients> {
     let why = if Command::new("kcat").arg("-V").output().is_err() {
         Some("kcat is not installed".to_owned())
     } else if !Command::new(&python)
-        .args(["-c", "import confluent_kafka"])
+        .args(["-c", "import confluent_kafka, kafka, aiokafka"])
         .output()
         .is_ok_and(|o| o.status.success())
     {
-        Some(format!("no confluent-kafka venv at {}", venv.display()))
+        Some(format!(
+            "no venv with confluent-kafka, kafka-python and aiokafka at {}",
+            venv.display()
+        ))
     } else {
         None
     };
@@ -811,6 +816,7 @@ async fn kafka_admin_clients_alter_configs_delete_records_and_set_group_offsets(
     python(&c, &["create", &s.kafka, "adm", "2"]);
     python(&c, &["produce", &s.kafka, "adm", "400", "none"]);
     let out = python(&c, &["admin", &s.kafka, "adm"]);
+    let out0 = out.clone();
     assert_eq!(out.len(), 5, "{out:?}");
     assert_eq!(out[0]["retention.ms"], "3600000", "{out:?}");
     assert_eq!(
@@ -838,6 +844,10 @@ async fn kafka_admin_clients_alter_configs_delete_records_and_set_group_offsets(
     let t = &d["topics"][0];
     assert_eq!(t["config"]["retention.ms"], "3600000", "{t}");
     assert_eq!(t["partitions"][0]["log_start_offset"], 40, "{t}");
+    // The producer's timestamps grow: partition 1's largest is its last record.
+    let end1 = t["partitions"][1]["high_watermark"].as_i64().unwrap();
+    assert_eq!(out0[3]["max_timestamp"][0], end1 - 1, "{out0:?}");
+    assert!(out0[3]["max_timestamp"][1].as_i64().unwrap() >= 1_700_000_000_000);
     let (ok, out, err) = cli(&[
         "groups",
         "describe",

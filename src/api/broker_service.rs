@@ -415,11 +415,12 @@ impl Broker for BrokerService {
                 let query = match p.timestamp_ms {
                     -2 => OffsetQuery::Earliest,
                     -1 => OffsetQuery::Latest,
+                    -3 => OffsetQuery::MaxTimestamp,
                     ts if ts >= 0 => OffsetQuery::Timestamp(ts),
                     ts => {
                         return Err(error_status(
                             ErrorCode::InvalidRequest,
-                            format!("timestamp_ms must be -2, -1 or >= 0, got {ts}"),
+                            format!("timestamp_ms must be -3, -2, -1 or >= 0, got {ts}"),
                             None,
                         ))
                     }

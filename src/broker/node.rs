@@ -102,6 +102,8 @@ pub enum OffsetQuery {
     Latest,
     /// The first offset whose timestamp is at or after this (ms).
     Timestamp(i64),
+    /// The first record with the largest timestamp.
+    MaxTimestamp,
 }
 
 /// One partition of a follower's fetch.
@@ -686,6 +688,20 @@ impl BrokerNode {
         match query {
             OffsetQuery::Earliest => Ok((local.log.log_start_offset().as_i64(), -1)),
             OffsetQuery::Latest => Ok((local.log.high_watermark().as_i64(), -1)),
+            OffsetQuery::MaxTimestamp => {
+                tokio::task::spawn_blocking(move || match local.log.offset_of_max_timestamp() {
+                    Ok(Some((o, ts))) => Ok((o.as_i64(), ts)),
+                    Ok(None) => Ok((-1, -1)),
+                    Err(e) => Err(BrokerError::from_log(&local.name(), e)),
+                })
+                .await
+                .unwrap_or_else(|e| {
+                    Err(BrokerError::new(
+                        ErrorCode::UnknownServerError,
+                        format!("lookup task: {e}"),
+                    ))
+                })
+            }
             OffsetQuery::Timestamp(ts) => {
                 tokio::task::spawn_blocking(move || match local.log.offset_for_timestamp(ts) {
                     Ok(Some(o)) if o < local.log.high_watermark() => Ok((o.as_i64(), ts)),

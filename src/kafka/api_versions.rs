@@ -11,7 +11,7 @@ use kafka_protocol::messages::{ApiKey, ApiVersionsResponse, SaslHandshakeRespons
 pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::Produce, 3, 11),
     (ApiKey::Fetch, 4, 17),
-    (ApiKey::ListOffsets, 1, 6),
+    (ApiKey::ListOffsets, 1, 7),
     (ApiKey::Metadata, 0, 12),
     (ApiKey::SaslHandshake, 0, 1),
     (ApiKey::ApiVersions, 0, 4),

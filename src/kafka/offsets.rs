@@ -1,4 +1,4 @@
-//! ListOffsets (earliest, latest, by timestamp) and OffsetForLeaderEpoch (where a leader
+//! ListOffsets (earliest, latest, by timestamp, max timestamp) and OffsetForLeaderEpoch (where a leader
 //! epoch ends: clients ask after a leader change to detect truncation), on partitions
 //! this broker leads.
 
@@ -23,6 +23,7 @@ use crate::types::LeaderEpoch;
 /// ListOffsets' special timestamps.
 const EARLIEST: i64 = -2;
 const LATEST: i64 = -1;
+const MAX_TIMESTAMP: i64 = -3;
 
 impl KafkaHandler {
     /// Answers ListOffsets.
@@ -40,6 +41,7 @@ impl KafkaHandler {
                 let query = match p.timestamp {
                     EARLIEST => OffsetQuery::Earliest,
                     LATEST => OffsetQuery::Latest,
+                    MAX_TIMESTAMP => OffsetQuery::MaxTimestamp,
                     ts if ts >= 0 => OffsetQuery::Timestamp(ts),
                     _ => {
                         partitions

@@ -1161,6 +1161,30 @@ impl PartitionLog {
         Ok(None)
     }
 
+    /// The first committed record with the largest timestamp, and that timestamp
+    /// (Kafka's ListOffsets max timestamp); `None` for a log without committed records.
+    /// Segments are compared by their largest timestamp: a segment whose largest one is
+    /// not committed yet (the active segment's tail) is left out until it is.
+    pub fn offset_of_max_timestamp(&self) -> Result<Option<(Offset, i64)>, LogError> {
+        let state = self.state.read();
+        self.check_online(&state)?;
+        let mut best: Option<(Offset, i64)> = None;
+        for segment in state.segments.values() {
+            let max = segment.max_timestamp();
+            if max < 0 || best.is_some_and(|(_, ts)| max <= ts) {
+                continue;
+            }
+            if let Some(offset) =
+                segment.find_offset_by_timestamp(max, super::MAX_UNCOMPRESSED_BATCH_BYTES)?
+            {
+                if offset >= state.log_start_offset && offset < state.high_watermark {
+                    best = Some((Offset(offset), max));
+                }
+            }
+        }
+        Ok(best)
+    }
+
     /// Deletes whole segments by `retention.ms` / `retention.bytes`, never at or above
     /// the high watermark, and moves the log start offset. Rolls first when the active
     /// segment itself has expired.

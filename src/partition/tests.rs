@@ -571,6 +571,38 @@ fn offset_for_timestamp_finds_the_first_record_at_or_after() {
 }
 
 #[test]
+fn max_timestamp_is_the_first_committed_record_with_the_largest_timestamp() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path(), small_config());
+    assert_eq!(log.offset_of_max_timestamp().unwrap(), None, "empty");
+    for i in 0..50 {
+        // Offsets 20 and 30 share the largest timestamp; 45 is larger but uncommitted.
+        let ts = match i {
+            20 | 30 => T0 + 10_000,
+            45 => T0 + 20_000,
+            _ => T0 + i * 10,
+        };
+        log.append_as_leader(&mut batch("t", 1, 200, ts), LeaderEpoch(0))
+            .unwrap();
+    }
+    assert_eq!(
+        log.offset_of_max_timestamp().unwrap(),
+        None,
+        "nothing committed"
+    );
+    log.set_high_watermark(Offset(40));
+    assert_eq!(
+        log.offset_of_max_timestamp().unwrap(),
+        Some((Offset(20), T0 + 10_000))
+    );
+    log.set_high_watermark(Offset(50));
+    assert_eq!(
+        log.offset_of_max_timestamp().unwrap(),
+        Some((Offset(45), T0 + 20_000))
+    );
+}
+
+#[test]
 fn sync_mode_appends_from_many_threads() {
     let dir = tempfile::tempdir().unwrap();
     let config = TopicConfig {

@@ -318,7 +318,9 @@ def admin(bootstrap, topic):
     low = {f"{tp.partition}": f.result(timeout=30).low_watermark for tp, f in futs.items()}
     offs = a.list_offsets({TopicPartition(topic, 0): OffsetSpec.earliest()})
     earliest = {f"{tp.partition}": f.result(timeout=30).offset for tp, f in offs.items()}
-    print(json.dumps({"low_watermark": low, "earliest": earliest}))
+    offs = a.list_offsets({TopicPartition(topic, 1): OffsetSpec.max_timestamp()})
+    top = [(f.result(timeout=30).offset, f.result(timeout=30).timestamp) for f in offs.values()]
+    print(json.dumps({"low_watermark": low, "earliest": earliest, "max_timestamp": top[0]}))
     g = ConsumerGroupTopicPartitions("admin-group", [TopicPartition(topic, 1, 77)])
     a.alter_consumer_group_offsets([g])["admin-group"].result(timeout=30)
     got = a.list_consumer_group_offsets([ConsumerGroupTopicPartitions("admin-group")])
