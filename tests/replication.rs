@@ -488,9 +488,20 @@ async fn paused_followers_leave_and_rejoin_the_isr() {
         },
     )
     .await;
-    produce_once(&c.broker_address(dropped), TOPIC, 0, "d0", -1)
-        .await
-        .expect("acks=all at the new preferred leader");
+    // The controllers name the new leader a moment before it has taken over: a client
+    // retries NOT_LEADER_OR_FOLLOWER, and so does this one, briefly.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match produce_once(&c.broker_address(dropped), TOPIC, 0, "d0", -1).await {
+            Err((ErrorCode::NotLeaderOrFollower, _)) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            r => {
+                r.expect("acks=all at the new preferred leader");
+                break;
+            }
+        }
+    }
     eventually("replicas caught up", Duration::from_secs(30), || async {
         let d = admin(&c)
             .describe_topics_with_offsets(vec![TOPIC.into()])

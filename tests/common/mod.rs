@@ -20,21 +20,37 @@ pub fn binary() -> &'static str {
 }
 
 /// `n` distinct free ports on 127.0.0.1 whose default internal ports (+ 100) are free
-/// too (bound together, then released).
+/// too (bound together, then released). They come from below the kernel's ephemeral range
+/// (32768 up), so an outgoing connection of a client cannot take one between this call
+/// and the server binding it, and no port is handed out twice in one test process.
 pub fn free_ports(n: usize) -> Vec<u16> {
+    use std::hash::{BuildHasher, Hasher};
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
     let mut held = Vec::new();
     let mut ports = Vec::new();
+    let state = std::collections::hash_map::RandomState::new();
+    let mut attempt = 0u64;
     while ports.len() < n {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let port = l.local_addr().expect("addr").port();
-        held.push(l);
-        let Some(internal) = port.checked_add(100) else {
+        attempt += 1;
+        assert!(attempt < 100_000, "no free ports below 32668");
+        let mut h = state.build_hasher();
+        h.write_u64(attempt);
+        let port = 10_000 + (h.finish() % 22_000) as u16;
+        if given.contains(&port) || given.contains(&(port + 100)) {
+            continue;
+        }
+        let (Ok(a), Ok(b)) = (
+            std::net::TcpListener::bind(("127.0.0.1", port)),
+            std::net::TcpListener::bind(("127.0.0.1", port + 100)),
+        ) else {
             continue;
         };
-        if let Ok(i) = std::net::TcpListener::bind(("127.0.0.1", internal)) {
-            held.push(i);
-            ports.push(port);
-        }
+        held.push(a);
+        held.push(b);
+        given.push(port);
+        given.push(port + 100);
+        ports.push(port);
     }
     ports
 }
