@@ -129,6 +129,8 @@ fn standalone_metrics_count_what_was_produced_and_consumed() {
     assert_eq!(sum(&m, "tidelog_partition_high_watermark", &topic), 1000.0);
     assert!(sum(&m, "tidelog_partition_size_bytes", &topic) > 100_000.0);
     assert_eq!(sum(&m, "tidelog_raft_is_leader", &[]), 1.0);
+    assert!(sum(&m, "tidelog_raft_elections_total", &[]) >= 1.0);
+    assert!(sum(&m, "tidelog_metadata_version", &[]) > 0.0);
     assert!(sum(&m, "tidelog_partitions_leader", &[]) >= 3.0);
     assert_eq!(sum(&m, "tidelog_partitions_under_replicated", &[]), 0.0);
     assert_eq!(
@@ -282,8 +284,39 @@ async fn a_leader_counts_under_replicated_partitions_and_a_cut_off_broker_is_not
         })
         .await;
     }
+    // Each leader shows its followers' lag: 3 partitions x 2 followers, all caught up.
+    eventually("followers caught up", Duration::from_secs(20), || {
+        let scrapes: Vec<Scrape> = (1..=3).map(|b| scrape(&c.broker_http_address(b))).collect();
+        let series: usize = scrapes
+            .iter()
+            .map(|m| samples(m, "tidelog_replica_lag_records", &[("topic", "watched")]).len())
+            .sum();
+        let lag: f64 = scrapes
+            .iter()
+            .map(|m| sum(m, "tidelog_replica_lag_records", &[("topic", "watched")]))
+            .sum();
+        async move { (series == 6 && lag == 0.0).then_some(()) }
+    })
+    .await;
     // Broker 3 stops: the leaders of partitions it followed count them under-replicated.
     c.brokers[2].as_mut().unwrap().kill9();
+    eventually(
+        "the leaders see broker 3 falling behind",
+        Duration::from_secs(30),
+        || {
+            let behind: f64 = (1..=2)
+                .map(|b| {
+                    sum(
+                        &scrape(&c.broker_http_address(b)),
+                        "tidelog_replica_lag_seconds",
+                        &[("follower", "3")],
+                    )
+                })
+                .sum();
+            async move { (behind > 1.0).then_some(()) }
+        },
+    )
+    .await;
     eventually(
         "under-replicated partitions on the remaining leaders",
         Duration::from_secs(30),

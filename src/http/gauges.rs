@@ -92,6 +92,23 @@ pub fn describe() {
         "1 while the controllers hold this broker fenced."
     );
     describe_gauge!("tidelog_raft_term", "The controller's current Raft term.");
+    describe_counter!(
+        "tidelog_raft_elections_total",
+        "Elections the controller quorum has held (each starts a Raft term)."
+    );
+    describe_gauge!(
+        "tidelog_metadata_version",
+        "The metadata version this controller applied (its last applied Raft index)."
+    );
+    describe_gauge!(
+        "tidelog_replica_lag_records",
+        "Per follower of a partition this broker leads: records behind the leader's log end."
+    );
+    describe_gauge!(
+        "tidelog_replica_lag_seconds",
+        Unit::Seconds,
+        "Per follower of a partition this broker leads: how long since it was last caught up."
+    );
     describe_gauge!(
         "tidelog_raft_leader",
         "The Raft leader's node id (-1: none known)."
@@ -160,7 +177,9 @@ pub async fn refresh(roles: &Roles) {
         gauge!("tidelog_raft_applied_index").set(status.applied_index as f64);
         gauge!("tidelog_raft_last_log_index").set(status.last_log_index as f64);
         gauge!("tidelog_raft_snapshot_index").set(status.snapshot_index as f64);
-        let (brokers, topics, offline, under) = node.store().read(|image, _| {
+        // Every election starts a term: the term counts the quorum's elections.
+        metrics::counter!("tidelog_raft_elections_total").absolute(status.term);
+        let (brokers, topics, offline, under, version) = node.store().read(|image, applied| {
             let mut brokers = [0usize; 3];
             for b in image.brokers.values() {
                 brokers[match b.state {
@@ -174,8 +193,10 @@ pub async fn refresh(roles: &Roles) {
                 image.topics.len(),
                 image.offline_partitions(),
                 image.under_replicated_partitions(),
+                applied,
             )
         });
+        gauge!("tidelog_metadata_version").set(version as f64);
         for (i, state) in [
             BrokerState::Fenced,
             BrokerState::Unfenced,
@@ -210,8 +231,21 @@ pub async fn refresh(roles: &Roles) {
                 gauge!("tidelog_partition_high_watermark", &labels)
                     .set(lp.log.high_watermark().0 as f64);
                 gauge!("tidelog_partition_size_bytes", &labels).set(lp.log.size_bytes() as f64);
-                if matches!(&*lp.role(), Role::Leader(_)) {
+                if let Role::Leader(leader) = &*lp.role() {
                     led += 1;
+                    let end = lp.log.log_end_offset().0;
+                    let now = crate::broker::node::now_ms();
+                    for (follower, p) in leader.view.lock().followers.iter() {
+                        let labels = [
+                            ("topic", lp.topic.clone()),
+                            ("partition", lp.partition.to_string()),
+                            ("follower", follower.0.to_string()),
+                        ];
+                        gauge!("tidelog_replica_lag_records", &labels)
+                            .set(end.saturating_sub(p.log_end_offset.0) as f64);
+                        gauge!("tidelog_replica_lag_seconds", &labels)
+                            .set((now - p.last_caught_up_ms).max(0) as f64 / 1000.0);
+                    }
                     let replicas = metadata
                         .partition(&lp.topic, lp.partition)
                         .map_or(0, |(_, p)| p.replicas.len());
