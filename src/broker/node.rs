@@ -688,25 +688,21 @@ impl BrokerNode {
         match query {
             OffsetQuery::Earliest => Ok((local.log.log_start_offset().as_i64(), -1)),
             OffsetQuery::Latest => Ok((local.log.high_watermark().as_i64(), -1)),
-            OffsetQuery::MaxTimestamp => {
-                tokio::task::spawn_blocking(move || match local.log.offset_of_max_timestamp() {
-                    Ok(Some((o, ts))) => Ok((o.as_i64(), ts)),
-                    Ok(None) => Ok((-1, -1)),
-                    Err(e) => Err(BrokerError::from_log(&local.name(), e)),
-                })
-                .await
-                .unwrap_or_else(|e| {
-                    Err(BrokerError::new(
-                        ErrorCode::UnknownServerError,
-                        format!("lookup task: {e}"),
-                    ))
-                })
-            }
-            OffsetQuery::Timestamp(ts) => {
-                tokio::task::spawn_blocking(move || match local.log.offset_for_timestamp(ts) {
-                    Ok(Some(o)) if o < local.log.high_watermark() => Ok((o.as_i64(), ts)),
-                    Ok(_) => Ok((-1, -1)),
-                    Err(e) => Err(BrokerError::from_log(&local.name(), e)),
+            OffsetQuery::MaxTimestamp | OffsetQuery::Timestamp(_) => {
+                // Both read the segments' time indexes: off the async threads.
+                tokio::task::spawn_blocking(move || {
+                    let found = match query {
+                        OffsetQuery::Timestamp(ts) => local.log.offset_for_timestamp(ts).map(|o| {
+                            o.filter(|o| *o < local.log.high_watermark())
+                                .map(|o| (o, ts))
+                        }),
+                        _ => local.log.offset_of_max_timestamp(),
+                    };
+                    match found {
+                        Ok(Some((o, ts))) => Ok((o.as_i64(), ts)),
+                        Ok(None) => Ok((-1, -1)),
+                        Err(e) => Err(BrokerError::from_log(&local.name(), e)),
+                    }
                 })
                 .await
                 .unwrap_or_else(|e| {
