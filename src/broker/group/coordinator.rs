@@ -425,19 +425,7 @@ impl GroupCoordinator {
         } else {
             Duration::from_millis(u64::from(hb.session_timeout_ms))
         };
-        if session < self.settings.session_timeout_min
-            || session > self.settings.session_timeout_max
-        {
-            return Err(error(
-                ErrorCode::InvalidRequest,
-                format!(
-                    "session_timeout_ms {} is outside [{}, {}]",
-                    session.as_millis(),
-                    self.settings.session_timeout_min.as_millis(),
-                    self.settings.session_timeout_max.as_millis()
-                ),
-            ));
-        }
+        self.check_session_timeout(session)?;
         let mut inner = self.inner.lock().await;
         self.own(&mut inner, &hb.group).await?;
         let group = inner.groups.entry(hb.group.clone()).or_default();
@@ -667,7 +655,7 @@ impl GroupCoordinator {
             .retain(|(name, _, _), _| !lost.contains(&offsets::partition_for(name, count)));
     }
 
-    /// Checks a classic session timeout against the broker's bounds.
+    /// Checks a member's session timeout against the broker's bounds.
     fn check_session_timeout(&self, session: Duration) -> Result<(), BrokerError> {
         if session < self.settings.session_timeout_min
             || session > self.settings.session_timeout_max
