@@ -27,5 +27,6 @@ pub mod record;
 pub mod replication;
 pub mod roles;
 pub mod segment;
+pub mod time_text;
 pub mod topic_config;
 pub mod types;

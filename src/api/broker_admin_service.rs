@@ -184,6 +184,7 @@ impl Admin for BrokerAdminService {
                         log_start_offset: local.log.log_start_offset().as_i64(),
                         high_watermark: local.log.high_watermark().as_i64(),
                         log_end_offset: local.log.log_end_offset().as_i64(),
+                        size_bytes: local.log.size_bytes(),
                     });
                 }
             }

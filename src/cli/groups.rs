@@ -5,12 +5,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::{json, Value};
 
 use super::client_args::{block_on, ClientArgs};
-use super::time_arg;
 use super::{CliError, OutputFormat};
 use crate::api::proto::CommittedOffset;
 use crate::client::consumer::Consumer;
 use crate::client::groups::GroupsAdmin;
 use crate::error_code::ErrorCode;
+use crate::time_text;
 
 /// `tidelog groups ...`.
 #[derive(Debug, clap::Args)]
@@ -70,13 +70,13 @@ struct ResetTarget {
     to_offset: Option<i64>,
     /// To the first record at or after this time (RFC 3339, e.g. 2026-01-31T12:00:00Z);
     /// the end where none is.
-    #[arg(long, value_name = "RFC3339", value_parser = time_arg::parse_rfc3339_ms)]
+    #[arg(long, value_name = "RFC3339", value_parser = time_text::parse_rfc3339_ms)]
     to_datetime: Option<i64>,
     /// Move each committed offset by N (negative: back); partitions need a committed offset.
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     shift_by: Option<i64>,
     /// To the first record at or after now minus this duration (PT1H, P1DT2H, 1h, 30m).
-    #[arg(long, value_name = "DURATION", value_parser = time_arg::parse_duration_ms)]
+    #[arg(long, value_name = "DURATION", value_parser = time_text::parse_duration_ms)]
     by_duration: Option<u64>,
 }
 

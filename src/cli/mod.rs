@@ -13,7 +13,6 @@ pub mod produce;
 pub mod repair;
 pub mod server_roles;
 pub mod text;
-pub mod time_arg;
 pub mod topics;
 
 use std::fmt;

@@ -18,6 +18,8 @@ pub struct Roles {
     pub controller: Option<Arc<ControllerNode>>,
     /// The broker, when this process is one.
     pub broker: Option<BrokerRole>,
+    /// The client listener's address, where the console reaches the cluster.
+    pub client_address: Option<std::net::SocketAddr>,
 }
 
 /// A broker's handles the HTTP port reads.

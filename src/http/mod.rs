@@ -1,6 +1,6 @@
-//! The HTTP port of every role (`http_listen`): Prometheus metrics at `/metrics` and
-//! health probes at `/health/live` and `/health/ready`, served by axum on the process's
-//! runtime.
+//! The HTTP port of every role (`http_listen`): Prometheus metrics at `/metrics`, health
+//! probes at `/health/live` and `/health/ready`, and the web [`console`] at `/`, served by
+//! axum on the process's runtime.
 //!
 //! Counters and histograms are recorded where things happen, through the `metrics`
 //! facade (a no-op until [`install_recorder`] runs, so libraries and tests pay nothing);
@@ -8,6 +8,7 @@
 //! read when `/metrics` is scraped ([`gauges`]). Names and labels are listed in
 //! `docs/operations.md`.
 
+pub mod console;
 pub mod gauges;
 pub mod health;
 
@@ -71,7 +72,11 @@ pub async fn serve(
         .route("/metrics", get(metrics_page))
         .route("/health/live", get(live))
         .route("/health/ready", get(ready))
-        .with_state(state);
+        .with_state(state.clone())
+        .merge(console::router(console::Console::new(
+            state.roles.client_address,
+            state.roles.broker.is_some(),
+        )));
     axum::serve(listener, app)
         .with_graceful_shutdown(cancel.cancelled_owned())
         .await

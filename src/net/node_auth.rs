@@ -117,7 +117,8 @@ impl ClusterSecret {
     }
 }
 
-fn fill_random(buf: &mut [u8]) {
+/// Fills `buf` with OS randomness (SHA-256 of time and addresses where there is none).
+pub fn fill_random(buf: &mut [u8]) {
     if getrandom::fill(buf).is_err() {
         // No OS randomness (never seen on Linux): fall back to time and address entropy
         // mixed through SHA-256 rather than refusing to start.

@@ -479,6 +479,7 @@ pub async fn run(config: BrokerConfig) -> Result<(), RoleError> {
     let roles = crate::http::Roles {
         controller: None,
         broker: Some(runtime.http_role()),
+        client_address: Some(address),
     };
     super::start_http(http, roles, &tasks, cancel.clone()).await?;
     runtime.start(&tasks, &cancel).await?;

@@ -44,6 +44,7 @@ pub async fn run(mut config: ControllerConfig) -> Result<(), RoleError> {
     let roles = crate::http::Roles {
         controller: Some(node.clone()),
         broker: None,
+        client_address: Some(address),
     };
     super::start_http(http, roles, &tasks, cancel.clone()).await?;
     let server = tasks.spawn(serve(

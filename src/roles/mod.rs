@@ -117,7 +117,7 @@ pub async fn bind(address: &str) -> Result<(tokio::net::TcpListener, SocketAddr)
     Ok((listener, local))
 }
 
-/// Binds the HTTP port (metrics, health) when `address` is set and serves it in a task
+/// Binds the HTTP port (console, metrics, health) when `address` is set and serves it in a task
 /// of `tasks` until `cancel`; returns the bound address. A bind failure stops the role,
 /// as for its other listeners.
 pub async fn start_http(
@@ -136,7 +136,7 @@ pub async fn start_http(
             tracing::error!(%local, error = %e, "HTTP server failed");
         }
     });
-    tracing::info!(%local, "serving /metrics and /health on HTTP");
+    tracing::info!(%local, "serving the console, /metrics and /health on HTTP");
     Ok(Some(local))
 }
 

@@ -135,6 +135,7 @@ pub async fn run(
     let roles = crate::http::Roles {
         controller: Some(node.clone()),
         broker: Some(runtime.http_role()),
+        client_address: Some(address),
     };
     super::start_http(http, roles, &tasks, cancel.clone()).await?;
     runtime.start(&tasks, &cancel).await?;

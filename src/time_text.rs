@@ -1,6 +1,7 @@
-//! Parsers for time flags: RFC 3339 date-times (`--to-datetime`) and durations
-//! (`--by-duration`), written here to keep the dependency list short. Both are clap value
-//! parsers, so a malformed value is a usage error (exit 2).
+//! Times as text: RFC 3339 date-times (`--to-datetime`, the console's timestamp field and
+//! its record times) and durations (`--by-duration`), written here to keep the dependency
+//! list short. The parsers double as clap value parsers, so a malformed flag is a usage
+//! error (exit 2).
 
 /// Milliseconds since the Unix epoch of an RFC 3339 date-time:
 /// `2026-01-31T12:00:00Z`, `2026-01-31T12:00:00.250+02:00` (a space may stand for `T`).
@@ -148,9 +149,54 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
+/// A Unix time in milliseconds as an RFC 3339 date-time in UTC with milliseconds,
+/// e.g. `2026-01-31T12:00:00.250Z`.
+pub fn format_rfc3339_ms(ms: i64) -> String {
+    let days = ms.div_euclid(86_400_000);
+    let in_day = ms.rem_euclid(86_400_000);
+    let (year, month, day) = civil_from_days(days);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        in_day / 3_600_000,
+        in_day / 60_000 % 60,
+        in_day / 1000 % 60,
+        in_day % 1000
+    )
+}
+
+/// The proleptic Gregorian date of a day count since 1970-01-01 (the inverse of
+/// [`days_from_civil`]).
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = if z >= 0 { z } else { z - 146_096 } / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn formatting_round_trips_through_parsing() {
+        assert_eq!(format_rfc3339_ms(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(format_rfc3339_ms(-1), "1969-12-31T23:59:59.999Z");
+        for ms in [
+            0,
+            951_782_400_123,
+            1_764_670_000_000,
+            4_107_542_399_999,
+            -86_400_000,
+        ] {
+            assert_eq!(parse_rfc3339_ms(&format_rfc3339_ms(ms)), Ok(ms), "{ms}");
+        }
+    }
 
     #[test]
     fn rfc3339_date_times() {
