@@ -35,10 +35,13 @@ def shot(driver, name):
 
 
 def go(driver, element):
-    """Clicks `element` and waits until the next page has replaced this one."""
-    page = driver.find_element(By.TAG_NAME, "html")
+    """Clicks `element` and waits until the next page has replaced this one and loaded
+    (a new page starts with a new window object, without the mark set here)."""
+    driver.execute_script("window.tidelogOldPage = true")
     element.click()
-    WebDriverWait(driver, 20).until(ec.staleness_of(page))
+    WebDriverWait(driver, 20).until(
+        lambda d: d.execute_script("return !window.tidelogOldPage && document.readyState === 'complete'")
+    )
 
 
 def no_alert(driver):
