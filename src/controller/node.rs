@@ -25,7 +25,7 @@ use super::model::{BrokerState, MetadataImage, PartitionRecord, TopicRecord};
 use super::network::Network;
 use super::placement::{self, Load};
 use super::raft_types::MetadataRaft;
-use super::state_machine::{MetadataStore, StateMachine};
+use super::state_machine::{MetadataStore, StateMachine, SNAPSHOT_FILE};
 use super::validation;
 use crate::config::ControllerConfig;
 use crate::error_code::ErrorCode;
@@ -115,6 +115,8 @@ pub struct NodeStatus {
     pub leader: Option<NodeId>,
     /// Last log index covered by the latest snapshot.
     pub snapshot_index: u64,
+    /// Size of the latest snapshot file (0 before the first).
+    pub snapshot_bytes: u64,
     /// On the leader: each follower's matched index.
     pub matched: BTreeMap<NodeId, u64>,
 }
@@ -927,6 +929,8 @@ impl ControllerNode {
             last_log_index: m.last_log_index.unwrap_or(0),
             leader: m.current_leader,
             snapshot_index: m.snapshot.map_or(0, |l| l.index),
+            snapshot_bytes: std::fs::metadata(self.data_dir.join("raft").join(SNAPSHOT_FILE))
+                .map_or(0, |f| f.len()),
             matched,
         }
     }

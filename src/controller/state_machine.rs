@@ -28,6 +28,9 @@ use super::model::{MetadataChange, MetadataImage};
 use super::raft_types::{Entry, LogId, StorageError, TypeConfig};
 use crate::types::NodeId;
 
+/// The latest snapshot's file in the Raft directory.
+pub const SNAPSHOT_FILE: &str = "snapshot.bin";
+
 const SNAPSHOT_MAGIC: &[u8; 8] = b"TLSNAP1\n";
 
 /// What a snapshot holds: the image and where in the log it was taken.
@@ -216,7 +219,7 @@ fn decode_snapshot(bytes: &[u8]) -> Result<DecodedSnapshot, String> {
 impl StateMachine {
     /// Loads the latest snapshot under `raft_dir` (if any) as the starting state.
     pub fn open(raft_dir: &Path, history_max: usize) -> Result<Self, SnapshotError> {
-        let snapshot_path = raft_dir.join("snapshot.bin");
+        let snapshot_path = raft_dir.join(SNAPSHOT_FILE);
         let (state, current) = match std::fs::read(&snapshot_path) {
             Ok(bytes) => {
                 let (meta, data, state) =

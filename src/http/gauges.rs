@@ -5,7 +5,7 @@
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use metrics::{describe_counter, describe_gauge, describe_histogram, gauge, Unit};
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, Unit};
 
 use super::health::Roles;
 use crate::controller::model::BrokerState;
@@ -127,6 +127,15 @@ pub fn describe() {
         "tidelog_raft_snapshot_index",
         "Last Raft log index the latest snapshot covers."
     );
+    describe_gauge!(
+        "tidelog_raft_snapshot_size_bytes",
+        Unit::Bytes,
+        "Size of the latest metadata snapshot file."
+    );
+    describe_counter!(
+        "tidelog_group_rebalances_total",
+        "Rebalances of each group since this broker took it over (new consumer-group epochs, completed classic join phases)."
+    );
     describe_histogram!(
         "tidelog_controller_write_duration_seconds",
         Unit::Seconds,
@@ -177,6 +186,7 @@ pub async fn refresh(roles: &Roles) {
         gauge!("tidelog_raft_applied_index").set(status.applied_index as f64);
         gauge!("tidelog_raft_last_log_index").set(status.last_log_index as f64);
         gauge!("tidelog_raft_snapshot_index").set(status.snapshot_index as f64);
+        gauge!("tidelog_raft_snapshot_size_bytes").set(status.snapshot_bytes as f64);
         // Every election starts a term: the term counts the quorum's elections.
         metrics::counter!("tidelog_raft_elections_total").absolute(status.term);
         let (brokers, topics, offline, under, version) = node.store().read(|image, applied| {
@@ -273,6 +283,7 @@ async fn groups(broker: &super::health::BrokerRole) {
         let group = [("group", g.name.clone())];
         gauge!("tidelog_group_members", &group).set(g.members as f64);
         gauge!("tidelog_group_epoch", &group).set(f64::from(g.epoch));
+        counter!("tidelog_group_rebalances_total", &group).absolute(g.rebalances);
         for (key, offset) in g.offsets {
             let mut labels = vec![
                 ("group", g.name.clone()),

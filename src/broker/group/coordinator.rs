@@ -242,6 +242,9 @@ pub struct GroupSnapshot {
     pub members: usize,
     /// Group epoch (bumped by every membership or subscription change).
     pub epoch: i32,
+    /// Rebalances since this broker took the group over: new group epochs of a consumer
+    /// group plus completed join phases (generations) of a classic one.
+    pub rebalances: u64,
     /// Committed offsets.
     pub offsets: Vec<(OffsetKey, i64)>,
 }
@@ -1134,6 +1137,8 @@ impl GroupCoordinator {
                 Some(GroupSnapshot {
                     members: g.member_count(),
                     epoch: g.state.epoch.max(g.classic.generation),
+                    rebalances: u64::try_from(g.state.epoch).unwrap_or(0)
+                        + u64::try_from(g.classic.generation).unwrap_or(0),
                     offsets: g
                         .offsets
                         .iter()
