@@ -10,6 +10,7 @@ pub mod groups;
 pub mod logging;
 pub mod perf;
 pub mod produce;
+pub mod progress;
 pub mod repair;
 pub mod server_roles;
 pub mod text;

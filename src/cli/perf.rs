@@ -1,5 +1,5 @@
 //! `tidelog perf produce|consume`: load generators like Kafka's perf-test tools. A
-//! progress line every second on stderr; a summary at the end (records/s, MB/s, the
+//! progress line redrawn every second on stderr when it is a terminal; a summary at the end (records/s, MB/s, the
 //! process's own CPU seconds and CPU seconds per GB and, for produce, latency percentiles
 //! from send to acknowledgement).
 //!
@@ -10,6 +10,8 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
+
+use super::progress::{fraction, Progress};
 
 use bytes::Bytes;
 use serde_json::json;
@@ -240,6 +242,7 @@ async fn produce(
     let cpu_start = cpu_seconds();
     let start = Instant::now();
     let mut last_report = start;
+    let mut progress = Progress::new();
     let mut acked_at_report = 0u64;
     for i in 0..num_records {
         if throughput > 0 {
@@ -273,11 +276,11 @@ async fn produce(
         }
         if i.is_multiple_of(1024) && last_report.elapsed() >= Duration::from_secs(1) {
             let rate = (tally.acked - acked_at_report) as f64 / last_report.elapsed().as_secs_f64();
-            eprintln!(
+            progress.force(&format!(
                 "{} records acknowledged, {rate:.0} records/s ({:.1} MB/s)",
-                tally.acked,
+                fraction(tally.acked, num_records),
                 rate * record_size as f64 / 1e6
-            );
+            ));
             last_report = Instant::now();
             acked_at_report = tally.acked;
         }
@@ -441,6 +444,7 @@ async fn consume(
     let start = Instant::now();
     let (mut records, mut bytes) = (0u64, 0u64);
     let mut last_report = Instant::now();
+    let mut progress = Progress::new();
     let (mut records_at_report, mut bytes_at_report) = (0u64, 0u64);
     let mut last_data = Instant::now();
     let end = loop {
@@ -503,11 +507,12 @@ async fn consume(
             // The rate of the last interval, not the average since the start (which decays
             // while the topic is idle).
             let secs = last_report.elapsed().as_secs_f64();
-            eprintln!(
-                "{records} records consumed, {:.0} records/s ({:.1} MB/s)",
+            progress.force(&format!(
+                "{} records consumed, {:.0} records/s ({:.1} MB/s)",
+                fraction(records, num_records),
                 (records - records_at_report) as f64 / secs,
                 (bytes - bytes_at_report) as f64 / 1e6 / secs
-            );
+            ));
             last_report = Instant::now();
             (records_at_report, bytes_at_report) = (records, bytes);
         }
