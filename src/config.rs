@@ -29,6 +29,9 @@ pub struct ControllerConfig {
     pub internal_listen: String,
     /// The HTTP port (metrics, health); empty or `none`: off.
     pub http_listen: String,
+    /// Host names the web console answers besides IP literals and `localhost`,
+    /// comma-separated (e.g. `console.example.com`); guards against DNS rebinding.
+    pub http_allowed_hosts: String,
     /// Every voter's internal listener as `id=host:port`, comma-separated (including
     /// this node).
     pub peers: String,
@@ -77,6 +80,7 @@ impl Default for ControllerConfig {
             listen: "127.0.0.1:9293".to_owned(),
             internal_listen: String::new(),
             http_listen: String::new(),
+            http_allowed_hosts: String::new(),
             peers: String::new(),
             cluster_secret_file: String::new(),
             data_dir: PathBuf::from("./tidelog-data"),
@@ -209,6 +213,9 @@ pub struct BrokerConfig {
     /// The HTTP port (metrics, health); `none`: off; empty: off for a broker, and
     /// [`STANDALONE_HTTP_LISTEN`] for `standalone`.
     pub http_listen: String,
+    /// Host names the web console answers besides IP literals and `localhost`,
+    /// comma-separated (e.g. `console.example.com`); guards against DNS rebinding.
+    pub http_allowed_hosts: String,
     /// The controllers' internal listeners, comma-separated.
     pub controllers: String,
     /// A file holding the secret every node of the cluster shares (at least 16 bytes);
@@ -299,6 +306,7 @@ impl Default for BrokerConfig {
             internal_listen: String::new(),
             internal_advertised_address: String::new(),
             http_listen: String::new(),
+            http_allowed_hosts: String::new(),
             controllers: "127.0.0.1:9393".to_owned(),
             cluster_secret_file: String::new(),
             data_dir: PathBuf::from("./tidelog-data"),
@@ -439,6 +447,15 @@ impl BrokerConfig {
         }
         Ok(())
     }
+}
+
+/// A comma-separated list of host names, trimmed, without empty entries.
+pub fn host_list(text: &str) -> Vec<String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+        .map(str::to_owned)
+        .collect()
 }
 
 /// `standalone`'s HTTP port when `http_listen` is not set.

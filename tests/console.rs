@@ -80,7 +80,10 @@ fn start() -> Server {
         "--kafka-listen".to_owned(),
         "none".to_owned(),
     ];
-    let proc = Proc::start("standalone", &args, FAST_RAFT, dir.path());
+    let mut env = FAST_RAFT.to_vec();
+    // Browsing a missing topic must not create it even where producers may.
+    env.push(("TIDELOG_AUTO_CREATE_TOPICS_ENABLE", "true"));
+    let proc = Proc::start("standalone", &args, &env, dir.path());
     Server {
         _proc: proc,
         grpc,
@@ -265,8 +268,65 @@ fn console_forms_refuse_missing_or_forged_csrf_tokens_and_change_nothing() {
         "{csp}"
     );
     assert_eq!(page.header("x-frame-options"), Some("DENY"));
-    // An unknown topic is a coded 404, not a crash.
-    let missing = http_request(&server.http, "GET", "/topics/no-such-topic", &[], "").unwrap();
-    assert_eq!(missing.status, 404, "{}", missing.body);
-    assert!(missing.body.contains("UNKNOWN_TOPIC_OR_PARTITION"));
+    // An unknown topic is a coded 404, not a crash, and browsing it does not create it
+    // (the server auto-creates topics for producers).
+    for path in [
+        "/topics/no-such-topic",
+        "/topics/no-such-topic/messages?partition=0",
+    ] {
+        let missing = http_request(&server.http, "GET", path, &[], "").unwrap();
+        assert_eq!(missing.status, 404, "{path}: {}", missing.body);
+        assert!(
+            missing.body.contains("UNKNOWN_TOPIC_OR_PARTITION"),
+            "{}",
+            missing.body
+        );
+    }
+    let (ok, out, err) = cli(&["topics", "list", "--bootstrap", &server.grpc]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        ["accepted"],
+        "a GET created a topic"
+    );
+
+    // DNS rebinding: a page under a foreign host name is refused; a form posted from
+    // another origin is refused even with a valid token.
+    let rebound = http_request(
+        &server.http,
+        "GET",
+        "/topics",
+        &[("Host", "evil.example:80")],
+        "",
+    )
+    .unwrap();
+    assert_eq!(rebound.status, 421, "{}", rebound.body);
+    assert!(
+        !rebound.body.contains("csrf"),
+        "no token under a foreign name"
+    );
+    let body = format!("csrf={token}&name=cross-origin&partitions=1");
+    let r = http_request(
+        &server.http,
+        "POST",
+        "/topics",
+        &[
+            ("Content-Type", "application/x-www-form-urlencoded"),
+            ("Cookie", &cookie),
+            ("Origin", "http://evil.example"),
+        ],
+        &body,
+    )
+    .unwrap();
+    assert_eq!(r.status, 403, "{}", r.body);
+    // Metrics and health stay reachable under any name (scrapers, probes).
+    let health = http_request(
+        &server.http,
+        "GET",
+        "/health/live",
+        &[("Host", "tidelog-0.tidelog")],
+        "",
+    )
+    .unwrap();
+    assert_eq!(health.status, 200);
 }

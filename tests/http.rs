@@ -130,7 +130,10 @@ fn standalone_metrics_count_what_was_produced_and_consumed() {
     assert!(sum(&m, "tidelog_partition_size_bytes", &topic) > 100_000.0);
     assert_eq!(sum(&m, "tidelog_raft_is_leader", &[]), 1.0);
     assert!(sum(&m, "tidelog_raft_elections_total", &[]) >= 1.0);
-    assert_eq!(samples(&m, "tidelog_raft_snapshot_size_bytes", &[]).len(), 1);
+    assert_eq!(
+        samples(&m, "tidelog_raft_snapshot_size_bytes", &[]).len(),
+        1
+    );
     assert!(sum(&m, "tidelog_metadata_version", &[]) > 0.0);
     assert!(sum(&m, "tidelog_partitions_leader", &[]) >= 3.0);
     assert_eq!(sum(&m, "tidelog_partitions_under_replicated", &[]), 0.0);
@@ -172,7 +175,13 @@ fn standalone_metrics_count_what_was_produced_and_consumed() {
     assert_eq!(samples(&m, "tidelog_group_lag", &group).len(), 3);
     assert!(sum(&m, "tidelog_group_commits_total", &[("group", "readers")]) >= 1.0);
     // The member's join and its leaving were each a new group epoch.
-    assert!(sum(&m, "tidelog_group_rebalances_total", &[("group", "readers")]) >= 2.0);
+    assert!(
+        sum(
+            &m,
+            "tidelog_group_rebalances_total",
+            &[("group", "readers")]
+        ) >= 2.0
+    );
     // Calls to methods no service serves share one label: a client cannot add series.
     tokio::runtime::Runtime::new().unwrap().block_on(async {
         let channel = tonic::transport::Channel::from_shared(format!("http://{bootstrap}"))

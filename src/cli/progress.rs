@@ -100,7 +100,10 @@ mod tests {
     fn fractions() {
         assert_eq!(fraction(120, 400), "120/400 (30%)");
         assert_eq!(fraction(0, 0), "0/0 (100%)");
-        assert_eq!(fraction(u64::MAX, u64::MAX), format!("{0}/{0} (100%)", u64::MAX));
+        assert_eq!(
+            fraction(u64::MAX, u64::MAX),
+            format!("{0}/{0} (100%)", u64::MAX)
+        );
     }
 
     #[test]

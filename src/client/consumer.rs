@@ -68,6 +68,11 @@ impl Consumer {
         }
     }
 
+    /// Bounds each fetch response to about `bytes` (at least one batch is returned).
+    pub fn set_max_bytes(&mut self, bytes: u32) {
+        self.max_bytes = bytes.max(1);
+    }
+
     /// The number of partitions of `topic`.
     pub async fn partition_count(&self, topic: &str) -> Result<u32, ClientError> {
         Ok(self.cluster.refresh(topic).await?.leaders.len() as u32)

@@ -20,6 +20,8 @@ pub struct Roles {
     pub broker: Option<BrokerRole>,
     /// The client listener's address, where the console reaches the cluster.
     pub client_address: Option<std::net::SocketAddr>,
+    /// Host names the console answers besides IP literals and `localhost`.
+    pub console_hosts: Vec<String>,
 }
 
 /// A broker's handles the HTTP port reads.

@@ -76,6 +76,7 @@ pub async fn serve(
         .merge(console::router(console::Console::new(
             state.roles.client_address,
             state.roles.broker.is_some(),
+            &state.roles.console_hosts,
         )));
     axum::serve(listener, app)
         .with_graceful_shutdown(cancel.cancelled_owned())

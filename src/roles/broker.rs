@@ -480,6 +480,7 @@ pub async fn run(config: BrokerConfig) -> Result<(), RoleError> {
         controller: None,
         broker: Some(runtime.http_role()),
         client_address: Some(address),
+        console_hosts: crate::config::host_list(&config.http_allowed_hosts),
     };
     super::start_http(http, roles, &tasks, cancel.clone()).await?;
     runtime.start(&tasks, &cancel).await?;

@@ -45,6 +45,7 @@ pub async fn run(mut config: ControllerConfig) -> Result<(), RoleError> {
         controller: Some(node.clone()),
         broker: None,
         client_address: Some(address),
+        console_hosts: crate::config::host_list(&config.http_allowed_hosts),
     };
     super::start_http(http, roles, &tasks, cancel.clone()).await?;
     let server = tasks.spawn(serve(

@@ -136,6 +136,7 @@ pub async fn run(
         controller: Some(node.clone()),
         broker: Some(runtime.http_role()),
         client_address: Some(address),
+        console_hosts: crate::config::host_list(&broker.http_allowed_hosts),
     };
     super::start_http(http, roles, &tasks, cancel.clone()).await?;
     runtime.start(&tasks, &cancel).await?;

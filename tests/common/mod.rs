@@ -253,7 +253,8 @@ impl HttpResponse {
     }
 }
 
-/// One HTTP/1.1 request at `address` with extra `headers` and `body`.
+/// One HTTP/1.1 request at `address` with extra `headers` (`Host` defaults to `address`)
+/// and `body`.
 pub fn http_request(
     address: &str,
     method: &str,
@@ -264,8 +265,10 @@ pub fn http_request(
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(address)?;
     stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-    let mut request =
-        format!("{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n");
+    let mut request = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        request.push_str(&format!("Host: {address}\r\n"));
+    }
     for (k, v) in headers {
         request.push_str(&format!("{k}: {v}\r\n"));
     }

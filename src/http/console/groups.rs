@@ -12,7 +12,6 @@ use maud::{html, Markup};
 use super::render::{self, url_part, Section};
 use super::{see_other, status_of, Browser, Console, CALL_TIMEOUT};
 use crate::api::proto::{CommittedOffset, DescribeGroupResponse};
-use crate::client::consumer::Consumer;
 use crate::client::error::ClientError;
 use crate::client::groups::GroupsAdmin;
 use crate::error_code::ErrorCode;
@@ -76,14 +75,8 @@ pub async fn show(
 ) -> Response {
     let title = format!("Group {group}");
     let loaded = async {
-        let admin = groups_admin(&console).await?;
-        let d = admin.describe(&group).await?;
-        let partitions: Vec<(String, u32)> = d
-            .offsets
-            .iter()
-            .map(|o| (o.topic.clone(), o.partition))
-            .collect();
-        let ends = admin.log_ends(&partitions).await?;
+        let d = groups_admin(&console).await?.describe(&group).await?;
+        let ends = high_watermarks(&console, &d).await;
         Ok::<_, ClientError>((d, ends))
     };
     let (d, ends) = match loaded.await {
@@ -96,7 +89,9 @@ pub async fn show(
         }
     };
     let body = html! {
-        @if let Some(n) = query.get("reset") { (render::notice(&format!("Reset {n} committed offsets."))) }
+        @if let Some(n) = query.get("reset").and_then(|n| n.parse::<u32>().ok()) {
+            (render::notice(&format!("Committed new offsets for {n} partitions.")))
+        }
         (summary(&d, &ends))
         @if is_empty_state(&d.state) {
             h2 { "Reset offsets" }
@@ -106,6 +101,31 @@ pub async fn show(
         }
     };
     browser.page(StatusCode::OK, render::page(Section::Groups, &title, body))
+}
+
+/// The high watermark of each partition the group has an offset for, asked through
+/// Admin per topic (never creating a topic that was deleted since); a topic or leader
+/// that does not answer leaves its partitions out.
+async fn high_watermarks(
+    console: &Console,
+    d: &DescribeGroupResponse,
+) -> BTreeMap<(String, u32), i64> {
+    let topics: BTreeSet<&str> = d.offsets.iter().map(|o| o.topic.as_str()).collect();
+    let asked = futures_util::future::join_all(
+        topics
+            .into_iter()
+            .map(|t| async move { (t, console.partition_offsets(t).await) }),
+    )
+    .await;
+    let mut out = BTreeMap::new();
+    for (topic, answer) in asked {
+        if let Ok((_, offsets)) = answer {
+            for (p, o) in offsets {
+                out.insert((topic.to_owned(), p), o.high_watermark);
+            }
+        }
+    }
+    out
 }
 
 fn summary(d: &DescribeGroupResponse, ends: &BTreeMap<(String, u32), i64>) -> Markup {
@@ -142,7 +162,7 @@ fn summary(d: &DescribeGroupResponse, ends: &BTreeMap<(String, u32), i64>) -> Ma
         h2 { "Committed offsets and lag" }
         @if d.offsets.is_empty() { p.meta { "No committed offsets." } } @else {
             table #group-offsets {
-                thead { tr { th { "Topic" } th.num { "Partition" } th.num { "Committed" } th.num { "Log end" } th.num { "Lag" } } }
+                thead { tr { th { "Topic" } th.num { "Partition" } th.num { "Committed" } th.num { "High watermark" } th.num { "Lag" } } }
                 tbody {
                     @for o in &d.offsets {
                         tr data-topic=(o.topic) data-partition=(o.partition) {
@@ -242,13 +262,16 @@ pub async fn reset(
             .map(|s| s.trim())
             .unwrap_or_default()
             .to_owned();
-        let bootstrap = console.data_bootstrap().await?;
-        let consumer = Consumer::new(bootstrap.clone(), CALL_TIMEOUT);
-        let count = consumer.partition_count(&topic).await?;
+        let (count, bounds) = console.partition_offsets(&topic).await?;
         let mut offsets = Vec::new();
         for partition in 0..count {
-            let earliest = consumer.list_offset(&topic, partition, -2).await?;
-            let latest = consumer.list_offset(&topic, partition, -1).await?;
+            let b = bounds.get(&partition).ok_or_else(|| {
+                ClientError::new(
+                    ErrorCode::NotLeaderOrFollower,
+                    format!("the leader of {topic}-{partition} did not answer; nothing was reset"),
+                )
+            })?;
+            let (earliest, latest) = (b.log_start_offset, b.high_watermark);
             offsets.push(CommittedOffset {
                 topic: topic.clone(),
                 partition,
@@ -256,9 +279,7 @@ pub async fn reset(
                 metadata: String::new(),
             });
         }
-        GroupsAdmin::new(bootstrap, CALL_TIMEOUT)
-            .reset(&group, offsets)
-            .await?;
+        groups_admin(&console).await?.reset(&group, offsets).await?;
         Ok::<_, ClientError>(count)
     };
     match attempt.await {

@@ -12,7 +12,7 @@ use axum::Form;
 use bytes::Bytes;
 use maud::{html, Markup};
 
-use super::render::{self, url_part, Section, View};
+use super::render::{self, url_part, Clip, Section, View};
 use super::{see_other, status_of, Browser, Console, CALL_TIMEOUT};
 use crate::client::consumer::{Consumer, ConsumerRecord, StartAt};
 use crate::client::error::ClientError;
@@ -25,6 +25,14 @@ const PAGE_DEFAULT: usize = 20;
 const PAGE_MAX: usize = 500;
 /// How long a page waits for records before showing what it has.
 const READ_WAIT: Duration = Duration::from_secs(2);
+/// Record bytes a page reads at most (it shows only the first KiBs of each record).
+const PAGE_READ_BYTES: u64 = 8 << 20;
+/// One fetch's response size.
+const FETCH_BYTES: u32 = 1 << 20;
+/// Headers shown per record; the rest are counted.
+const HEADERS_SHOWN_MAX: usize = 32;
+/// Characters of a header key shown.
+const HEADER_KEY_SHOWN_MAX: usize = 256;
 
 /// What the browser shows, from the query string.
 #[derive(Debug, Clone, PartialEq)]
@@ -59,7 +67,17 @@ fn position(query: &HashMap<String, String>) -> Result<Position, ClientError> {
     };
     let time_ms = match field("time") {
         None => None,
-        Some(s) => Some(parse_rfc3339_ms(s).map_err(|why| bad("time", &why))?),
+        Some(s) => Some(
+            parse_rfc3339_ms(s)
+                .map_err(|why| bad("time", &why))
+                .and_then(|t| {
+                    if t < 0 {
+                        Err(bad("time", "times before 1970 are not record times"))
+                    } else {
+                        Ok(t)
+                    }
+                })?,
+        ),
     };
     let limit = match field("limit") {
         None => PAGE_DEFAULT,
@@ -78,12 +96,56 @@ fn position(query: &HashMap<String, String>) -> Result<Position, ClientError> {
     })
 }
 
+/// A record as the page shows it: clipped key, value and headers.
+struct Shown {
+    offset: i64,
+    timestamp_ms: i64,
+    key: Option<Clip>,
+    value: Option<Clip>,
+    headers: Vec<(String, Option<Clip>)>,
+    /// Headers beyond [`HEADERS_SHOWN_MAX`].
+    more_headers: usize,
+}
+
+impl Shown {
+    fn of(r: ConsumerRecord) -> Self {
+        let more_headers = r.headers.len().saturating_sub(HEADERS_SHOWN_MAX);
+        Self {
+            offset: r.offset,
+            timestamp_ms: r.timestamp_ms,
+            key: r.key.as_deref().map(Clip::new),
+            value: r.value.as_deref().map(Clip::new),
+            headers: r
+                .headers
+                .into_iter()
+                .take(HEADERS_SHOWN_MAX)
+                .map(|(k, v)| {
+                    let key = k.chars().take(HEADER_KEY_SHOWN_MAX).collect();
+                    (key, v.as_deref().map(Clip::new))
+                })
+                .collect(),
+            more_headers,
+        }
+    }
+}
+
+/// The bytes a record holds (key, value, headers).
+fn record_bytes(r: &ConsumerRecord) -> u64 {
+    let len = |b: &Option<Bytes>| b.as_ref().map_or(0, |b| b.len() as u64);
+    len(&r.key)
+        + len(&r.value)
+        + r.headers
+            .iter()
+            .map(|(k, v)| k.len() as u64 + len(v))
+            .sum::<u64>()
+}
+
 /// One page of records and the partition's bounds.
 struct Page {
     start: i64,
     log_start: i64,
     high_watermark: i64,
-    records: Vec<ConsumerRecord>,
+    records: Vec<Shown>,
 }
 
 async fn read_page(
@@ -91,28 +153,48 @@ async fn read_page(
     topic: &str,
     at: &Position,
 ) -> Result<(u32, Page), ClientError> {
+    let (count, offsets) = console.partition_offsets(topic).await?;
+    if at.partition >= count {
+        return Err(ClientError::new(
+            ErrorCode::UnknownTopicOrPartition,
+            format!(
+                "partition: topic '{topic}' has partitions 0 to {}",
+                count.saturating_sub(1)
+            ),
+        ));
+    }
+    let bounds = offsets.get(&at.partition).ok_or_else(|| {
+        ClientError::new(
+            ErrorCode::NotLeaderOrFollower,
+            format!("the leader of {topic}-{} did not answer", at.partition),
+        )
+    })?;
+    let (log_start, high_watermark) = (
+        bounds.log_start_offset,
+        bounds.high_watermark.max(bounds.log_start_offset),
+    );
     let mut consumer = Consumer::new(console.data_bootstrap().await?, CALL_TIMEOUT);
-    let count = consumer.partition_count(topic).await?;
-    let log_start = consumer.list_offset(topic, at.partition, -2).await?;
-    let high_watermark = consumer.list_offset(topic, at.partition, -1).await?;
-    let start = match (at.offset, at.time_ms) {
-        (Some(o), _) => o.clamp(log_start, high_watermark),
-        (None, Some(t)) => {
+    consumer.set_max_bytes(FETCH_BYTES);
+    // A time typed into the form wins over the offset the form carries from paging.
+    let start = match (at.time_ms, at.offset) {
+        (Some(t), _) => {
             let o = consumer.list_offset(topic, at.partition, t).await?;
             if o < 0 {
                 high_watermark
             } else {
-                o
+                o.clamp(log_start, high_watermark)
             }
         }
+        (None, Some(o)) => o.clamp(log_start, high_watermark),
         (None, None) => log_start,
     };
     consumer
         .assign(topic, at.partition, StartAt::Offset(start))
         .await?;
     let mut records = Vec::new();
+    let mut read = 0u64;
     let deadline = Instant::now() + READ_WAIT;
-    while records.len() < at.limit && Instant::now() < deadline {
+    while records.len() < at.limit && read < PAGE_READ_BYTES && Instant::now() < deadline {
         let position = consumer
             .positions()
             .values()
@@ -122,9 +204,13 @@ async fn read_page(
         if position >= high_watermark {
             break;
         }
-        records.extend(consumer.poll(Duration::from_millis(200)).await?);
+        for r in consumer.poll(Duration::from_millis(200)).await? {
+            read += record_bytes(&r);
+            if records.len() < at.limit {
+                records.push(Shown::of(r));
+            }
+        }
     }
-    records.truncate(at.limit);
     Ok((
         count,
         Page {
@@ -168,7 +254,9 @@ pub async fn browse(
         Err(e) => (status_of(&e), html! { (render::error_box(&e)) }),
     };
     let body = html! {
-        @if let Some(p) = query.get("produced") { (render::notice(&format!("Produced a record at {p}."))) }
+        @if query.contains_key("produced") {
+            @if let Some(o) = at.offset { (render::notice(&format!("Produced a record at partition {}, offset {o}.", at.partition))) }
+        }
         p.actions { a href={"/topics/" (url_part(&topic))} { "← Topic " (topic) } }
         form #seek method="get" action={"/topics/" (url_part(&topic)) "/messages"} {
             label { "Partition" input name="partition" type="number" min="0" value=(at.partition); }
@@ -219,12 +307,13 @@ fn records_view(topic: &str, partitions: u32, at: &Position, page: &Page) -> Mar
                         tr data-offset=(r.offset) {
                             td.num { (r.offset) }
                             td { time { (format_rfc3339_ms(r.timestamp_ms)) } }
-                            td.key { (render::bytes(r.key.as_deref(), at.view)) }
-                            td.value { (render::bytes(r.value.as_deref(), at.view)) }
+                            td.key { (render::bytes(r.key.as_ref(), at.view)) }
+                            td.value { (render::bytes(r.value.as_ref(), at.view)) }
                             td.headers {
                                 @for (k, v) in &r.headers {
-                                    div { code { (k) } ": " (render::inline(v.as_deref())) }
+                                    div { code { (k) } ": " (render::inline(v.as_ref())) }
                                 }
+                                @if r.more_headers > 0 { span.note { "+" (r.more_headers) " more headers" } }
                             }
                         }
                     }
@@ -267,22 +356,21 @@ pub async fn produce(
             acks: -1,
             linger: Duration::ZERO,
             delivery_timeout: CALL_TIMEOUT,
+            request_timeout: CALL_TIMEOUT,
+            // One record: no retries to deduplicate, and no producer id to allocate.
+            enable_idempotence: false,
             ..ProducerConfig::default()
         };
         let producer = Producer::new(console.data_bootstrap().await?, config);
         producer.send_sync(record).await
     };
     match attempt.await {
-        Ok(m) => {
-            let at = format!("{topic}-{}@{}", m.partition, m.offset);
-            see_other(&format!(
-                "/topics/{}/messages?partition={}&offset={}&produced={}",
-                url_part(&topic),
-                m.partition,
-                m.offset,
-                url_part(&at)
-            ))
-        }
+        Ok(m) => see_other(&format!(
+            "/topics/{}/messages?partition={}&offset={}&produced=1",
+            url_part(&topic),
+            m.partition,
+            m.offset,
+        )),
         Err(e) => browser.page(
             status_of(&e),
             render::page(

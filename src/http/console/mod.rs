@@ -11,7 +11,10 @@
 //!
 //! Safety: maud escapes every interpolated string; a Content-Security-Policy allows only
 //! the console's own script and style (so even an escaping bug could not run a record as
-//! script); every mutating action is a POST carrying a CSRF token ([`csrf`]).
+//! script); every mutating action is a POST carrying a CSRF token ([`csrf`]) from the
+//! same origin; pages are answered only under IP addresses, `localhost` and configured
+//! host names (no DNS rebinding); pages run under a deadline, a few at a time, and hold
+//! at most a few KiB of each record.
 
 mod cluster;
 pub mod csrf;
@@ -24,20 +27,26 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::FromRequestParts;
+use axum::extract::{FromRequestParts, Request, State};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 use axum::Router;
 use maud::{html, Markup};
 
+use crate::api::proto::PartitionOffsets;
 use crate::client::admin::AdminClient;
 use crate::client::error::ClientError;
 use csrf::CsrfKey;
 
 /// How long one call of a page to the cluster may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a whole page may take.
+const PAGE_DEADLINE: Duration = Duration::from_secs(15);
+/// Console requests served at once; more are answered 503.
+const PAGES_AT_ONCE: usize = 8;
 
 const STYLE: &str = include_str!("static/console.css");
 const SCRIPT: &str = include_str!("static/console.js");
@@ -59,12 +68,16 @@ struct Inner {
     /// Whether this process is a broker (else brokers are found through the cluster).
     broker: bool,
     key: CsrfKey,
+    /// Host names answered besides IP literals and `localhost` (lower case).
+    allowed_hosts: Vec<String>,
+    slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl Console {
     /// A console reaching the cluster at `client_address` (this process's client
-    /// listener; an unspecified host is reached on loopback).
-    pub fn new(client_address: Option<SocketAddr>, broker: bool) -> Self {
+    /// listener; an unspecified host is reached on loopback), answering pages under IP
+    /// addresses, `localhost` and `allowed_hosts`.
+    pub fn new(client_address: Option<SocketAddr>, broker: bool, allowed_hosts: &[String]) -> Self {
         let client_address = client_address.map(|mut a| {
             if a.ip().is_unspecified() {
                 a.set_ip(match a {
@@ -79,6 +92,11 @@ impl Console {
                 client_address,
                 broker,
                 key: CsrfKey::random(),
+                allowed_hosts: allowed_hosts
+                    .iter()
+                    .map(|h| h.to_ascii_lowercase())
+                    .collect(),
+                slots: Arc::new(tokio::sync::Semaphore::new(PAGES_AT_ONCE)),
             }),
         }
     }
@@ -100,6 +118,33 @@ impl Console {
     /// An admin client.
     fn admin(&self) -> Result<AdminClient, ClientError> {
         Ok(AdminClient::new(self.admin_bootstrap()?, CALL_TIMEOUT))
+    }
+
+    /// The partition count of `topic` and each partition's offsets and size (from the
+    /// leaders that answered). Asked through Admin, which never creates a topic, so a
+    /// page about a missing topic does not create it on a cluster that auto-creates.
+    async fn partition_offsets(
+        &self,
+        topic: &str,
+    ) -> Result<(u32, std::collections::BTreeMap<u32, PartitionOffsets>), ClientError> {
+        let described = self
+            .admin()?
+            .describe_topics_with_offsets(vec![topic.to_owned()])
+            .await?;
+        let d = described
+            .into_iter()
+            .find(|d| d.topic.as_ref().is_some_and(|t| t.name == topic))
+            .ok_or_else(|| {
+                ClientError::new(
+                    crate::error_code::ErrorCode::UnknownTopicOrPartition,
+                    format!("there is no topic '{topic}'"),
+                )
+            })?;
+        let count = d.topic.as_ref().map_or(0, |t| t.partitions.len() as u32);
+        Ok((
+            count,
+            d.offsets.into_iter().map(|o| (o.partition, o)).collect(),
+        ))
     }
 
     /// Where produce, fetch and group calls go: this broker, or the cluster's live
@@ -156,6 +201,7 @@ pub fn router(console: Console) -> Router {
             get(|| async { static_file("text/javascript", SCRIPT) }),
         )
         .layer(axum::middleware::map_response(security_headers))
+        .layer(axum::middleware::from_fn_with_state(console.clone(), guard))
         .with_state(console)
 }
 
@@ -168,6 +214,90 @@ fn static_file(content_type: &'static str, body: &'static str) -> Response {
         body,
     )
         .into_response()
+}
+
+/// Refuses requests under foreign host names (DNS rebinding) and cross-origin POSTs,
+/// and runs the page under [`PAGE_DEADLINE`], at most [`PAGES_AT_ONCE`] at a time.
+async fn guard(State(console): State<Console>, request: Request, next: Next) -> Response {
+    let headers = request.headers();
+    let text = |name| {
+        headers
+            .get(name)
+            .and_then(|v: &HeaderValue| v.to_str().ok())
+    };
+    let host = text(header::HOST).unwrap_or_default();
+    if !host_allowed(host, &console.inner.allowed_hosts) {
+        return (
+            StatusCode::MISDIRECTED_REQUEST,
+            format!(
+                "the console answers under IP addresses, localhost and the names in \
+                 http_allowed_hosts, not under '{host}'\n"
+            ),
+        )
+            .into_response();
+    }
+    if request.method() == Method::POST
+        && !same_origin(
+            text(header::ORIGIN),
+            text(header::HeaderName::from_static("sec-fetch-site")),
+            host,
+        )
+    {
+        return (
+            StatusCode::FORBIDDEN,
+            "a form posted from another site is refused; nothing was changed\n",
+        )
+            .into_response();
+    }
+    let Ok(_slot) = console.inner.slots.clone().try_acquire_owned() else {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "1")],
+            "the console is busy with other pages; retry in a moment\n",
+        )
+            .into_response();
+    };
+    match tokio::time::timeout(PAGE_DEADLINE, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => (
+            StatusCode::GATEWAY_TIMEOUT,
+            format!(
+                "the cluster did not answer within {} s; reload to retry\n",
+                PAGE_DEADLINE.as_secs()
+            ),
+        )
+            .into_response(),
+    }
+}
+
+/// Whether a `Host` header names this console: an IP literal (which no rebinding
+/// attacker's page can send), `localhost`, or one of `allowed` (lower case), with any port.
+fn host_allowed(host: &str, allowed: &[String]) -> bool {
+    if let Some(rest) = host.strip_prefix('[') {
+        return rest
+            .split_once(']')
+            .is_some_and(|(ip, _)| ip.parse::<std::net::Ipv6Addr>().is_ok());
+    }
+    let name = match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    };
+    if name.is_empty() {
+        return false;
+    }
+    let name = name.to_ascii_lowercase();
+    name.parse::<std::net::Ipv4Addr>().is_ok()
+        || name == "localhost"
+        || allowed.contains(&name)
+}
+
+/// Whether a POST comes from the console's own pages: its `Origin` (when sent) is this
+/// host's, else `Sec-Fetch-Site` (when sent) says same-origin or a user's own action.
+fn same_origin(origin: Option<&str>, fetch_site: Option<&str>, host: &str) -> bool {
+    match origin {
+        Some(o) => o == format!("http://{host}") || o == format!("https://{host}"),
+        None => fetch_site.is_none_or(|s| s == "same-origin" || s == "none"),
+    }
 }
 
 async fn security_headers(mut response: Response) -> Response {
@@ -267,8 +397,64 @@ fn status_of(error: &ClientError) -> StatusCode {
     use crate::error_code::ErrorCode as C;
     match error.code {
         C::UnknownTopicOrPartition | C::GroupIdNotFound => StatusCode::NOT_FOUND,
-        C::TopicAlreadyExists => StatusCode::CONFLICT,
+        C::TopicAlreadyExists | C::GroupNotEmpty => StatusCode::CONFLICT,
+        C::UnknownServerError | C::CorruptMessage => StatusCode::INTERNAL_SERVER_ERROR,
         _ if error.is_retriable() => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::BAD_REQUEST,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_ip_literals_localhost_and_configured_names_are_answered() {
+        let allowed = vec!["console.example.com".to_owned()];
+        for ok in [
+            "127.0.0.1:9644",
+            "10.1.2.3",
+            "[::1]:9644",
+            "[fe80::1]",
+            "localhost:9644",
+            "LOCALHOST",
+            "console.example.com:80",
+            "Console.Example.com",
+        ] {
+            assert!(host_allowed(ok, &allowed), "{ok}");
+        }
+        for refused in [
+            "",
+            ":9644",
+            "evil.example:9644",
+            "127.0.0.1.evil.example",
+            "[not-an-ip]:1",
+            "localhost.evil.example",
+            "console.example.com.evil",
+            "example.com",
+        ] {
+            assert!(!host_allowed(refused, &allowed), "{refused}");
+        }
+    }
+
+    #[test]
+    fn posts_must_come_from_the_same_origin() {
+        let host = "127.0.0.1:9644";
+        assert!(same_origin(Some("http://127.0.0.1:9644"), None, host));
+        assert!(same_origin(
+            Some("https://127.0.0.1:9644"),
+            Some("same-origin"),
+            host
+        ));
+        assert!(!same_origin(
+            Some("http://evil.example"),
+            Some("cross-site"),
+            host
+        ));
+        assert!(!same_origin(Some("null"), None, host));
+        assert!(same_origin(None, None, host));
+        assert!(same_origin(None, Some("none"), host));
+        assert!(!same_origin(None, Some("cross-site"), host));
+        assert!(!same_origin(None, Some("same-site"), host));
     }
 }

@@ -17,10 +17,43 @@ const URL_SAFE: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'_')
     .remove(b'~');
 
-/// `text` percent-encoded for a URL path segment or query value.
+/// `text` percent-encoded for a URL path segment or query value (`.` and `..`, which
+/// a browser would resolve as path steps, encoded too).
 pub fn url_part(text: &str) -> String {
-    utf8_percent_encode(text, URL_SAFE).to_string()
+    match text {
+        "." => "%2E".to_owned(),
+        ".." => "%2E%2E".to_owned(),
+        _ => utf8_percent_encode(text, URL_SAFE).to_string(),
+    }
 }
+
+/// The first [`SHOWN_BYTES_MAX`] bytes of a key, value or header (copied, so the fetched
+/// batch is not kept alive) and the full length.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Clip {
+    /// The bytes shown.
+    pub head: Vec<u8>,
+    /// The full length.
+    pub len: usize,
+}
+
+impl Clip {
+    /// Clips `data`.
+    pub fn new(data: &[u8]) -> Self {
+        Self {
+            head: data[..data.len().min(SHOWN_BYTES_MAX)].to_vec(),
+            len: data.len(),
+        }
+    }
+
+    fn is_cut(&self) -> bool {
+        self.head.len() < self.len
+    }
+}
+
+/// Pretty-printed JSON longer than this is shown as plain text instead (deep nesting
+/// multiplies indentation).
+const PRETTY_JSON_MAX: usize = 16 * SHOWN_BYTES_MAX;
 
 /// The section a page belongs to (highlighted in the navigation bar).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,58 +154,59 @@ impl View {
 }
 
 /// Record bytes as `view` shows them; `None` is a null key or value.
-pub fn bytes(data: Option<&[u8]>, view: View) -> Markup {
-    let Some(data) = data else {
+pub fn bytes(data: Option<&Clip>, view: View) -> Markup {
+    let Some(clip) = data else {
         return html! { span.null { "null" } };
     };
-    let (shown, cut) = if data.len() > SHOWN_BYTES_MAX {
-        (&data[..SHOWN_BYTES_MAX], true)
-    } else {
-        (data, false)
+    let shown = clip.head.as_slice();
+    let cut = clip.is_cut();
+    let text = utf8_text(shown, cut);
+    let pretty = match (view, text, cut) {
+        (View::Json, Some(_), false) => serde_json::from_slice::<serde_json::Value>(shown)
+            .ok()
+            .and_then(|v| serde_json::to_string_pretty(&v).ok()),
+        _ => None,
     };
-    let body = match (view, std::str::from_utf8(data)) {
-        (View::Hex, _) => html! { pre.hex { (hex_dump(shown)) } },
-        (View::Json, Ok(_)) if !cut => match serde_json::from_slice::<serde_json::Value>(data) {
-            Ok(v) => html! {
-                pre.json { (serde_json::to_string_pretty(&v).unwrap_or_default()) }
-            },
-            Err(_) => html! { pre { (text_prefix(shown)) } span.note { "(not JSON)" } },
-        },
-        (_, Ok(_)) => html! { pre { (text_prefix(shown)) } },
-        // The prefix of valid UTF-8 cut mid-character is still shown as text.
-        (_, Err(e)) if cut && e.error_len().is_none() => html! { pre { (text_prefix(shown)) } },
-        (_, Err(_)) => html! { pre.hex { (hex_dump(shown)) } span.note { "(binary)" } },
+    let body = match (view, text, pretty) {
+        (View::Hex, _, _) => html! { pre.hex { (hex_dump(shown)) } },
+        (View::Json, Some(_), Some(p)) if p.len() <= PRETTY_JSON_MAX => html! { pre.json { (p) } },
+        (View::Json, Some(t), Some(_)) => {
+            html! { pre { (t) } span.note { "(JSON too deep to indent)" } }
+        }
+        (View::Json, Some(t), None) if !cut => html! { pre { (t) } span.note { "(not JSON)" } },
+        (_, Some(t), _) => html! { pre { (t) } },
+        (_, None, _) => html! { pre.hex { (hex_dump(shown)) } span.note { "(binary)" } },
     };
     html! {
         (body)
         @if cut {
-            span.note { "(" (data.len()) " bytes; the first " (SHOWN_BYTES_MAX) " shown)" }
+            span.note { "(" (clip.len) " bytes; the first " (SHOWN_BYTES_MAX) " shown)" }
         }
     }
 }
 
-/// Short bytes (a header value) inline: text, or hex when not UTF-8, cut at
-/// [`SHOWN_BYTES_MAX`].
-pub fn inline(data: Option<&[u8]>) -> Markup {
-    let Some(data) = data else {
+/// `data` as text when it is UTF-8; when `cut`, a character split at the end is dropped.
+fn utf8_text(data: &[u8], cut: bool) -> Option<&str> {
+    match std::str::from_utf8(data) {
+        Ok(s) => Some(s),
+        Err(e) if cut && e.error_len().is_none() => {
+            std::str::from_utf8(&data[..e.valid_up_to()]).ok()
+        }
+        Err(_) => None,
+    }
+}
+
+/// Short bytes (a header value) inline: text, or hex when not UTF-8.
+pub fn inline(data: Option<&Clip>) -> Markup {
+    let Some(clip) = data else {
         return html! { span.null { "null" } };
     };
-    let shown = &data[..data.len().min(SHOWN_BYTES_MAX)];
-    let cut = shown.len() < data.len();
     html! {
-        @match std::str::from_utf8(shown) {
-            Ok(text) => span { (text) },
-            Err(_) => span.hex { "0x" (shown.iter().map(|b| format!("{b:02x}")).collect::<String>()) },
+        @match utf8_text(&clip.head, clip.is_cut()) {
+            Some(text) => span { (text) },
+            None => span.hex { "0x" (clip.head.iter().map(|b| format!("{b:02x}")).collect::<String>()) },
         }
-        @if cut { span.note { " (" (data.len()) " bytes)" } }
-    }
-}
-
-/// The longest valid UTF-8 prefix of `data` as text.
-fn text_prefix(data: &[u8]) -> &str {
-    match std::str::from_utf8(data) {
-        Ok(s) => s,
-        Err(e) => std::str::from_utf8(&data[..e.valid_up_to()]).unwrap_or_default(),
+        @if clip.is_cut() { span.note { " (" (clip.len) " bytes)" } }
     }
 }
 
@@ -235,15 +269,15 @@ mod tests {
     fn markup_in_record_bytes_is_shown_as_text() {
         let evil = b"<script>alert(1)</script>";
         for view in [View::Text, View::Json, View::Hex] {
-            let html = bytes(Some(evil), view).into_string();
+            let html = bytes(Some(&Clip::new(evil)), view).into_string();
             assert!(!html.contains("<script"), "{view:?}: {html}");
         }
-        let html = bytes(Some(evil), View::Text).into_string();
+        let html = bytes(Some(&Clip::new(evil)), View::Text).into_string();
         assert!(
             html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
             "{html}"
         );
-        let json = bytes(Some(br#"{"a":"<b>"}"#), View::Json).into_string();
+        let json = bytes(Some(&Clip::new(br#"{"a":"<b>"}"#)), View::Json).into_string();
         assert!(
             json.contains("&lt;b&gt;") && !json.contains("<b>"),
             "{json}"
@@ -253,20 +287,29 @@ mod tests {
     #[test]
     fn views_show_null_json_binary_and_long_values() {
         assert!(bytes(None, View::Text).into_string().contains("null"));
-        let json = bytes(Some(br#"{"a":1}"#), View::Json).into_string();
+        let json = bytes(Some(&Clip::new(br#"{"a":1}"#)), View::Json).into_string();
         assert!(json.contains("&quot;a&quot;: 1"), "{json}");
-        let binary = bytes(Some(&[0xff, 0x00, 0x41]), View::Text).into_string();
+        let binary = bytes(Some(&Clip::new(&[0xff, 0x00, 0x41])), View::Text).into_string();
         assert!(
             binary.contains("ff 00 41") && binary.contains("(binary)"),
             "{binary}"
         );
         let long = vec![b'x'; SHOWN_BYTES_MAX + 10];
-        let shown = bytes(Some(&long), View::Text).into_string();
+        let shown = bytes(Some(&Clip::new(&long)), View::Text).into_string();
         assert!(
             shown.contains(&format!("{} bytes", SHOWN_BYTES_MAX + 10)),
             "{shown}"
         );
         assert!(!shown.contains(&"x".repeat(SHOWN_BYTES_MAX + 1)));
+        // Text cut inside a character stays text; a deep JSON value is not indented.
+        let mut euro = vec![b'a'; SHOWN_BYTES_MAX - 1];
+        euro.extend("€€".as_bytes());
+        assert!(!bytes(Some(&Clip::new(&euro)), View::Text)
+            .into_string()
+            .contains("(binary)"));
+        let deep = format!("{}{}", "[".repeat(120), "]".repeat(120));
+        let html = bytes(Some(&Clip::new(deep.as_bytes())), View::Json).into_string();
+        assert!(html.len() < PRETTY_JSON_MAX, "{}", html.len());
     }
 
     #[test]
@@ -286,13 +329,15 @@ mod tests {
     fn url_parts_are_encoded() {
         assert_eq!(url_part("a b/c?d&e=f#"), "a%20b%2Fc%3Fd%26e%3Df%23");
         assert_eq!(url_part("topic-1.x_y~"), "topic-1.x_y~");
+        assert_eq!(url_part(".."), "%2E%2E");
+        assert_eq!(url_part("."), "%2E");
     }
 
     proptest! {
         #[test]
         fn no_bytes_become_markup(data in proptest::collection::vec(any::<u8>(), 0..600), view in 0..3u8) {
             let view = [View::Text, View::Json, View::Hex][view as usize];
-            let html = bytes(Some(&data), view).into_string();
+            let html = bytes(Some(&Clip::new(&data)), view).into_string();
             // Only the tags the renderer itself writes appear.
             let stripped = html
                 .replace("<pre>", "").replace("</pre>", "")

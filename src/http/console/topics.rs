@@ -27,8 +27,8 @@ pub async fn list(
     };
     let mut status = StatusCode::OK;
     let body = html! {
-        @if let Some(t) = query.get("created") { (render::notice(&format!("Created topic {t}."))) }
-        @if let Some(t) = query.get("deleted") { (render::notice(&format!("Deleted topic {t}."))) }
+        @if let Some(t) = query.get("created").filter(|t| is_topic_name(t)) { (render::notice(&format!("Created topic {t}."))) }
+        @if let Some(t) = query.get("deleted").filter(|t| is_topic_name(t)) { (render::notice(&format!("Deleted topic {t}."))) }
         form.search method="get" action="/topics" {
             input #filter type="search" name="q" value=(search) placeholder="Search topics" autocomplete="off";
             button type="submit" { "Search" }
@@ -115,19 +115,32 @@ pub async fn create(
     }
 }
 
+/// Whether `name` could be a topic's (so a notice naming it was not made up by a link).
+fn is_topic_name(name: &str) -> bool {
+    (1..=249).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
 /// An optional positive number from a form field; a malformed one is an error naming it.
 fn number_field(form: &BTreeMap<String, String>, field: &str) -> Result<Option<u32>, ClientError> {
     match form.get(field).map(|s| s.trim()).filter(|s| !s.is_empty()) {
         None => Ok(None),
-        Some(s) => s.parse::<u32>().map(Some).map_err(|_| {
-            ClientError::new(
-                ErrorCode::InvalidRequest,
-                format!(
-                    "{field} must be a whole number from 1 to {}, not '{s}'",
-                    u32::MAX
-                ),
-            )
-        }),
+        Some(s) => s
+            .parse::<u32>()
+            .ok()
+            .filter(|n| *n >= 1)
+            .map(Some)
+            .ok_or_else(|| {
+                ClientError::new(
+                    ErrorCode::InvalidRequest,
+                    format!(
+                        "{field} must be a whole number from 1 to {}, not '{s}'",
+                        u32::MAX
+                    ),
+                )
+            }),
     }
 }
 
@@ -330,5 +343,15 @@ mod tests {
         assert_eq!(e.code, ErrorCode::InvalidConfig);
         assert!(e.message.contains("retention.ms"));
         assert!(config_lines("a=1\na=2").is_err());
+        let form = |v: &str| BTreeMap::from([("partitions".to_owned(), v.to_owned())]);
+        assert_eq!(number_field(&form(" 3 "), "partitions").unwrap(), Some(3));
+        assert_eq!(number_field(&form(""), "partitions").unwrap(), None);
+        for bad in ["0", "-1", "many", "99999999999"] {
+            assert!(number_field(&form(bad), "partitions")
+                .unwrap_err()
+                .message
+                .starts_with("partitions"));
+        }
+        assert!(is_topic_name("a.b_c-1") && !is_topic_name("a b") && !is_topic_name(""));
     }
 }
