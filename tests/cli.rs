@@ -463,3 +463,58 @@ fn usage_errors_exit_2_and_help_documents_the_exit_codes() {
         .join("docs/cli.md")
         .exists());
 }
+
+/// Long CLI work shows progress on a terminal (a pseudo-terminal from util-linux's
+/// `script`) and nothing of it when stderr is piped.
+#[test]
+fn perf_shows_progress_on_a_terminal_and_stays_quiet_when_piped() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_ports(1)[0];
+    let _server = standalone(dir.path(), port);
+    let b = format!("127.0.0.1:{port}");
+    // About 2.5 s at 1,000 records/s: the progress line is drawn after the first second.
+    let args = [
+        "perf",
+        "produce",
+        "--topic",
+        "progress",
+        "--num-records",
+        "2500",
+        "--record-size",
+        "100",
+        "--throughput",
+        "1000",
+        "--bootstrap",
+        &b,
+    ];
+    assert!(cli(&["topics", "create", "--topic", "progress", "--bootstrap", &b]).0);
+    let (code, out, err) = run(&args);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("records/s"), "a summary: {out}");
+    assert!(
+        !err.contains("acknowledged") && !err.contains('\r'),
+        "no progress when piped: {err:?}"
+    );
+    if Command::new("script").arg("--version").output().is_err() {
+        eprintln!("skipping the terminal half: util-linux's script is not installed");
+        return;
+    }
+    let command = std::iter::once(binary().to_owned())
+        .chain(args.iter().map(|a| a.to_string()))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let out = Command::new("script")
+        .args(["-qefc", &command, "/dev/null"])
+        .env_remove("TIDELOG_BOOTSTRAP")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run script");
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{shown}");
+    assert!(
+        shown.contains('\r')
+            && shown.contains("/2500 (")
+            && shown.contains("records acknowledged"),
+        "a progress line on a terminal: {shown:?}"
+    );
+}

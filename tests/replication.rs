@@ -478,7 +478,39 @@ async fn paused_followers_leave_and_rejoin_the_isr() {
     )
     .await;
     let target = vec![dropped, kept[0], kept[1]];
-    reassign(&c, TOPIC, target.clone()).await;
+    // Through the CLI this time, which waits until the move is done.
+    let assignment = format!("0={dropped},{},{}", kept[0], kept[1]);
+    let bootstrap = c.controller_address();
+    let (ok, _, err) = tokio::task::spawn_blocking(move || {
+        common::cli(&[
+            "topics",
+            "alter",
+            "--bootstrap",
+            &bootstrap,
+            "--topic",
+            TOPIC,
+            "--reassign",
+            &assignment,
+            "--wait",
+            "60",
+        ])
+    })
+    .await
+    .unwrap();
+    assert!(ok, "topics alter --reassign --wait: {err}");
+    assert!(
+        !err.contains('\r'),
+        "no progress line when stderr is not a terminal: {err:?}"
+    );
+    let p = partition(&c, TOPIC, 0).await;
+    assert_eq!(
+        p.replicas, target,
+        "--wait returned before the reassignment finished"
+    );
+    assert!(
+        p.adding_replicas.is_empty() && p.removing_replicas.is_empty(),
+        "{p:?}"
+    );
     eventually(
         "the returning replica catches up and leads as the preferred replica",
         Duration::from_secs(30),

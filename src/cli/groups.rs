@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::{json, Value};
 
 use super::client_args::{block_on, ClientArgs};
+use super::progress::Progress;
 use super::{CliError, OutputFormat};
 use crate::api::proto::CommittedOffset;
 use crate::client::consumer::Consumer;
@@ -281,6 +282,8 @@ async fn plan_reset(
         }
     }
     let mut plan = Vec::new();
+    let mut progress = Progress::new();
+    let mut planned = 0u64;
     for (topic, chosen) in selected {
         let count = consumer.partition_count(&topic).await?;
         let partitions: Vec<u32> = match chosen {
@@ -299,6 +302,8 @@ async fn plan_reset(
             }
         };
         for partition in partitions {
+            planned += 1;
+            progress.update(|| format!("planning offsets: {planned} partitions ({topic})"));
             let current = committed.get(&(topic.clone(), partition)).copied();
             let earliest = consumer.list_offset(&topic, partition, -2).await?;
             let latest = consumer.list_offset(&topic, partition, -1).await?;

@@ -3,6 +3,7 @@
 use serde_json::{json, Value};
 
 use super::client_args::{block_on, parse_pairs, ClientArgs};
+use super::progress::{fraction, Progress};
 use super::text::count;
 use super::{CliError, OutputFormat};
 use crate::api::proto::{
@@ -74,6 +75,10 @@ enum TopicsCommand {
         /// then the others are removed.
         #[arg(long = "reassign", value_name = "P=B1,B2,...")]
         reassign: Vec<String>,
+        /// With --reassign: wait until every reassigned partition has finished moving
+        /// (progress on a terminal), at most this long in seconds (0: no limit).
+        #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "0", requires = "reassign")]
+        wait: Option<u64>,
     },
     /// Hand each partition's leadership back to its preferred (first) replica where that
     /// replica is alive and in sync.
@@ -168,6 +173,7 @@ pub fn run(args: &TopicsArgs) -> Result<(), CliError> {
                 config,
                 delete_config,
                 reassign,
+                wait,
             } => {
                 if partitions.is_none()
                     && config.is_empty()
@@ -192,6 +198,14 @@ pub fn run(args: &TopicsArgs) -> Result<(), CliError> {
                         reassignments,
                     })
                     .await?;
+                if let Some(limit) = wait {
+                    let partitions: Vec<u32> = reassign
+                        .iter()
+                        .filter_map(|r| parse_reassignment(r).ok())
+                        .map(|r| r.partition)
+                        .collect();
+                    wait_for_reassignment(&client, topic, &partitions, *limit).await?;
+                }
                 print_summary(output, "Altered", &r.topic.unwrap_or_default());
             }
             TopicsCommand::ElectLeaders { topic } => {
@@ -273,6 +287,54 @@ fn only_partitions(
 }
 
 /// Parses `P=B1,B2,...`.
+/// Polls the topic until none of `partitions` is still adding or removing replicas, or
+/// `limit_secs` (0: no limit) pass; progress on a terminal.
+async fn wait_for_reassignment(
+    client: &AdminClient,
+    topic: &str,
+    partitions: &[u32],
+    limit_secs: u64,
+) -> Result<(), CliError> {
+    let started = std::time::Instant::now();
+    let mut progress = Progress::new();
+    loop {
+        let described = client.describe_topics(vec![topic.to_owned()]).await?;
+        let moving: Vec<u32> = described
+            .topics
+            .iter()
+            .filter_map(|d| d.topic.as_ref())
+            .flat_map(|t| &t.partitions)
+            .filter(|p| partitions.contains(&p.partition))
+            .filter(|p| !p.adding_replicas.is_empty() || !p.removing_replicas.is_empty())
+            .map(|p| p.partition)
+            .collect();
+        if moving.is_empty() {
+            progress.finish();
+            return Ok(());
+        }
+        let done = (partitions.len() - moving.len()) as u64;
+        progress.update(|| {
+            format!(
+                "reassignment of {topic}: {} partitions done, waiting for {:?} ({} s)",
+                fraction(done, partitions.len() as u64),
+                moving,
+                started.elapsed().as_secs()
+            )
+        });
+        if limit_secs > 0 && started.elapsed().as_secs() >= limit_secs {
+            progress.finish();
+            return Err(CliError::new(
+                "REQUEST_TIMED_OUT",
+                format!(
+                    "the reassignment of {topic} partitions {moving:?} is still running after {limit_secs} s; \
+                     it goes on in the cluster (tidelog topics describe --topic {topic} shows it)"
+                ),
+            ));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+}
+
 fn parse_reassignment(text: &str) -> Result<PartitionReassignment, CliError> {
     let bad = |why: &str| {
         CliError::new(

@@ -286,9 +286,7 @@ fn host_allowed(host: &str, allowed: &[String]) -> bool {
         return false;
     }
     let name = name.to_ascii_lowercase();
-    name.parse::<std::net::Ipv4Addr>().is_ok()
-        || name == "localhost"
-        || allowed.contains(&name)
+    name.parse::<std::net::Ipv4Addr>().is_ok() || name == "localhost" || allowed.contains(&name)
 }
 
 /// Whether a POST comes from the console's own pages: its `Origin` (when sent) is this
