@@ -365,3 +365,76 @@ async fn a_leader_counts_under_replicated_partitions_and_a_cut_off_broker_is_not
     })
     .await;
 }
+
+/// The HTTP port closes connections that go silent or trickle a request a byte at a
+/// time (slowloris), and keeps serving others meanwhile.
+#[test]
+fn the_http_port_closes_silent_and_trickling_connections() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let ports = free_ports(2);
+    let http = format!("127.0.0.1:{}", ports[1]);
+    let _server = Proc::start(
+        "standalone",
+        &[
+            "--data-dir".into(),
+            dir.path().join("data").display().to_string(),
+            "--listen".into(),
+            format!("127.0.0.1:{}", ports[0]),
+            "--http-listen".into(),
+            http.clone(),
+            "--kafka-listen".into(),
+            "none".into(),
+        ],
+        common::FAST_RAFT,
+        dir.path(),
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while http_get(&http, "/health/live").map(|r| r.0).unwrap_or(0) != 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the HTTP port never answered"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let started = std::time::Instant::now();
+    let mut silent = std::net::TcpStream::connect(&http).unwrap();
+    silent
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let trickler = {
+        let http = http.clone();
+        std::thread::spawn(move || {
+            let mut s = std::net::TcpStream::connect(&http).unwrap();
+            // One byte every 2 s: never a whole request; written until the server closes.
+            for b in b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
+                .iter()
+                .cycle()
+                .take(60)
+            {
+                if s.write_all(&[*b]).is_err() {
+                    return true;
+                }
+                std::thread::sleep(Duration::from_secs(2));
+            }
+            false
+        })
+    };
+    // Others are served meanwhile.
+    assert_eq!(http_get(&http, "/health/live").unwrap().0, 200);
+    let mut buf = [0u8; 16];
+    let n = silent.read(&mut buf).unwrap_or(0);
+    assert_eq!(
+        n, 0,
+        "the silent connection got data instead of being closed"
+    );
+    let waited = started.elapsed();
+    assert!(
+        waited < Duration::from_secs(50),
+        "closed only after {waited:?}"
+    );
+    assert!(
+        trickler.join().unwrap(),
+        "the trickling connection was never closed"
+    );
+}

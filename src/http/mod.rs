@@ -58,6 +58,60 @@ struct AppState {
     roles: Arc<Roles>,
 }
 
+/// Connections the HTTP port holds at once; more are closed on accept.
+const HTTP_CONNECTIONS_MAX: usize = 1024;
+/// A connection that carries nothing for this long is closed (a client that opens
+/// connections and goes silent, or trickles a request, cannot hold them).
+const HTTP_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The HTTP port's listener: at most [`HTTP_CONNECTIONS_MAX`] connections, each closed
+/// after [`HTTP_IDLE_TIMEOUT`] idle (through [`crate::net::Conn`], as the gRPC ports).
+struct HttpListener {
+    listener: tokio::net::TcpListener,
+    slots: Arc<tokio::sync::Semaphore>,
+    logs: crate::net::LogLimiter,
+}
+
+impl axum::serve::Listener for HttpListener {
+    type Io = crate::net::Conn;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let (stream, peer) = match self.listener.accept().await {
+                Ok(a) => a,
+                Err(e) => {
+                    // E.g. out of file descriptors: back off instead of spinning.
+                    if self.logs.allow("accept-error") {
+                        tracing::warn!(listener = "http", error = %e, "accept failed");
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            match self.slots.clone().try_acquire_owned() {
+                Ok(permit) => {
+                    let conn = crate::net::Conn::new(stream, permit, HTTP_IDLE_TIMEOUT, "http");
+                    return (conn, peer);
+                }
+                Err(_) => {
+                    if self.logs.allow("limit") {
+                        tracing::warn!(
+                            listener = "http",
+                            limit = HTTP_CONNECTIONS_MAX,
+                            "connection limit reached; closing new connections"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.listener.local_addr()
+    }
+}
+
 /// Serves the HTTP port on `listener` until `cancel`.
 pub async fn serve(
     listener: tokio::net::TcpListener,
@@ -78,6 +132,11 @@ pub async fn serve(
             state.roles.broker.is_some(),
             &state.roles.console_hosts,
         )));
+    let listener = HttpListener {
+        listener,
+        slots: Arc::new(tokio::sync::Semaphore::new(HTTP_CONNECTIONS_MAX)),
+        logs: crate::net::LogLimiter::default(),
+    };
     axum::serve(listener, app)
         .with_graceful_shutdown(cancel.cancelled_owned())
         .await

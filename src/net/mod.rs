@@ -152,7 +152,10 @@ pub struct Conn {
 }
 
 impl Conn {
-    fn new(
+    /// Wraps an accepted `stream` holding `permit` (its place under the listener's
+    /// connection limit), closed after `idle_timeout` without use; counted in the
+    /// `listener`'s open-connections gauge.
+    pub fn new(
         stream: TcpStream,
         permit: OwnedSemaphorePermit,
         idle_timeout: Duration,
