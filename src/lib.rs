@@ -19,6 +19,7 @@ pub mod client;
 pub mod config;
 pub mod controller;
 pub mod error_code;
+pub mod filter;
 pub mod http;
 pub mod kafka;
 pub mod net;
