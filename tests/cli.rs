@@ -516,3 +516,69 @@ fn perf_shows_progress_on_a_terminal_and_stays_quiet_when_piped() {
         "a progress line on a terminal: {shown:?}"
     );
 }
+
+/// Tags and properties: `produce --tag/--property` store them (the tag as the
+/// `tidelog.tag` header), `consume --output json` shows `tag` apart from the headers, and
+/// a bad tag is refused naming the rule, writing nothing.
+#[test]
+fn records_carry_a_tag_and_properties() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_ports(1)[0];
+    let _server = standalone(dir.path(), port);
+    let b = format!("127.0.0.1:{port}");
+    assert!(cli(&["topics", "create", "--topic", "tagged", "--bootstrap", &b]).0);
+    let produce = |extra: &[&str], line: &str| {
+        let mut child = Command::new(binary())
+            .args(["produce", "--topic", "tagged", "--bootstrap", &b])
+            .args(extra)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        writeln!(child.stdin.take().unwrap(), "{line}").unwrap();
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    assert_eq!(
+        produce(&["--tag", "TagA", "--property", "region=eu"], "a").0,
+        Some(0)
+    );
+    assert_eq!(produce(&[], "b").0, Some(0));
+    let (code, err) = produce(&["--tag", "two words"], "c");
+    assert_eq!(code, Some(1));
+    assert!(
+        err.starts_with("error: INVALID_RECORD: --tag 'two words' holds ' '"),
+        "{err}"
+    );
+    let (code, out, err) = run(&[
+        "consume",
+        "--topic",
+        "tagged",
+        "--from-beginning",
+        "--max-messages",
+        "3",
+        "--timeout-ms",
+        "3000",
+        "--output",
+        "json",
+        "--bootstrap",
+        &b,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "the refused record was not written: {out}");
+    assert_eq!(lines[0]["tag"], "TagA");
+    assert_eq!(
+        lines[0]["headers"],
+        serde_json::json!([{"key": "region", "value": "eu"}])
+    );
+    assert!(lines[1].get("tag").is_none(), "{out}");
+}

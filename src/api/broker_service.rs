@@ -23,6 +23,7 @@ use crate::client::AdminClient;
 use crate::controller::validation;
 use crate::error_code::ErrorCode;
 use crate::partition::MAX_UNCOMPRESSED_BATCH_BYTES;
+use crate::record::tag::{check_tag, tag_of, TAG_HEADER};
 use crate::record::{decode_data_records, BatchBuilder, Compression, RecordRef};
 
 /// How long an acks=all produce waits for replication when the request gives no timeout.
@@ -166,6 +167,21 @@ fn encode_records(data: &proto::PartitionProduceData) -> Result<Vec<u8>, BrokerE
                 .iter()
                 .map(|h| (h.key.as_str(), h.value.as_deref())),
         );
+        if let Some(tag) = &r.tag {
+            let refuse = |why: String| {
+                BrokerError::new(
+                    ErrorCode::InvalidRecord,
+                    format!("partition {}: record {i}: tag {why}", data.partition),
+                )
+            };
+            check_tag(tag).map_err(refuse)?;
+            if r.headers.iter().any(|h| h.key == TAG_HEADER) {
+                return Err(refuse(format!(
+                    "and a '{TAG_HEADER}' header are both given; give one"
+                )));
+            }
+            header_buf.push((TAG_HEADER, Some(tag.as_bytes())));
+        }
         builder.push(RecordRef {
             timestamp: r.timestamp_ms.unwrap_or(now),
             key: r.key.as_deref(),
@@ -195,19 +211,30 @@ fn decode_records(batches: &Bytes, from: u64) -> Result<Vec<ConsumedRecord>, Bro
     Ok(records
         .into_iter()
         .filter(|r| r.offset as u64 >= from)
-        .map(|r| ConsumedRecord {
-            offset: r.offset,
-            timestamp_ms: r.timestamp,
-            key: r.key,
-            value: r.value,
-            headers: r
-                .headers
-                .into_iter()
-                .map(|h| proto::Header {
-                    key: h.key,
-                    value: h.value,
-                })
-                .collect(),
+        .map(|r| {
+            let tag = tag_of(
+                r.headers
+                    .iter()
+                    .map(|h| (h.key.as_str(), h.value.as_deref())),
+            )
+            .map(str::to_owned);
+            ConsumedRecord {
+                offset: r.offset,
+                timestamp_ms: r.timestamp,
+                key: r.key,
+                value: r.value,
+                // The tag header shows as `tag` (an invalid one stays a plain header).
+                headers: r
+                    .headers
+                    .into_iter()
+                    .filter(|h| tag.is_none() || h.key != TAG_HEADER)
+                    .map(|h| proto::Header {
+                        key: h.key,
+                        value: h.value,
+                    })
+                    .collect(),
+                tag,
+            }
         })
         .collect())
 }

@@ -166,16 +166,17 @@ pub fn run(args: &ConsumeArgs) -> Result<(), CliError> {
             for (i, r) in records.iter().enumerate() {
                 match output {
                     OutputFormat::Json => {
-                        println!(
-                            "{}",
-                            json!({
-                                "topic": r.topic, "partition": r.partition, "offset": r.offset,
-                                "timestamp": r.timestamp_ms,
-                                "key": json_bytes(r.key.as_deref()),
-                                "value": json_bytes(r.value.as_deref()),
-                                "headers": headers_json(&r.headers),
-                            })
-                        );
+                        let mut line = json!({
+                            "topic": r.topic, "partition": r.partition, "offset": r.offset,
+                            "timestamp": r.timestamp_ms,
+                            "key": json_bytes(r.key.as_deref()),
+                            "value": json_bytes(r.value.as_deref()),
+                            "headers": headers_json(&r.headers),
+                        });
+                        if let Some(tag) = &r.tag {
+                            line["tag"] = json!(tag);
+                        }
+                        println!("{line}");
                     }
                     OutputFormat::Table => println!("{}", table_line(args, r)),
                 }

@@ -34,6 +34,13 @@ pub struct ProduceArgs {
     /// A header for every record as key=value (repeatable; order and repeated keys kept).
     #[arg(long = "header")]
     headers: Vec<String>,
+    /// A user property for every record as key=value (RocketMQ's name for a header:
+    /// properties are headers, matched by SQL filters; repeatable).
+    #[arg(long = "property")]
+    properties: Vec<String>,
+    /// A tag for every record (for tag filters; stored as the `tidelog.tag` header).
+    #[arg(long)]
+    tag: Option<String>,
     /// How long a record may take to be acknowledged, retries included (ms).
     #[arg(long, default_value_t = 120_000)]
     timeout_ms: u64,
@@ -67,14 +74,20 @@ pub fn run(args: &ProduceArgs) -> Result<(), CliError> {
     let headers: Vec<(String, Option<Bytes>)> = args
         .headers
         .iter()
-        .map(|h| match h.split_once('=') {
+        .map(|h| ("--header", h))
+        .chain(args.properties.iter().map(|p| ("--property", p)))
+        .map(|(flag, h)| match h.split_once('=') {
             Some((k, v)) => Ok((k.trim().to_owned(), Some(Bytes::from(v.trim().to_owned())))),
             None => Err(CliError::new(
                 "INVALID_REQUEST",
-                format!("--header '{h}' is not key=value"),
+                format!("{flag} '{h}' is not key=value"),
             )),
         })
         .collect::<Result<_, _>>()?;
+    if let Some(tag) = &args.tag {
+        crate::record::tag::check_tag(tag)
+            .map_err(|why| CliError::new("INVALID_RECORD", format!("--tag '{tag}' {why}")))?;
+    }
     let config = ProducerConfig {
         acks,
         batch_size: args.batch_size,
@@ -143,6 +156,7 @@ pub fn run(args: &ProduceArgs) -> Result<(), CliError> {
                 key: key.map(Bytes::from),
                 value: Some(Bytes::from(value)),
                 headers: headers.clone(),
+                tag: args.tag.clone(),
                 timestamp_ms: None,
             };
             pending.push_back(producer.send(record).await);

@@ -17,6 +17,7 @@ use crate::api::proto::{
 };
 use crate::api::status::code_of;
 use crate::error_code::ErrorCode;
+use crate::record::tag::{tag_of, TAG_HEADER};
 
 /// Largest response the consumer accepts (fetches are bounded by `max_bytes` below it).
 const RESPONSE_BYTES_MAX: usize = 64 * 1024 * 1024;
@@ -47,8 +48,37 @@ pub struct ConsumerRecord {
     pub key: Option<Bytes>,
     /// Value (None: null).
     pub value: Option<Bytes>,
-    /// Headers.
+    /// Headers (without the `tidelog.tag` header when it holds the tag).
     pub headers: Vec<(String, Option<Bytes>)>,
+    /// The record's tag.
+    pub tag: Option<String>,
+}
+
+impl ConsumerRecord {
+    /// A stored record of `topic`-`partition`, its tag taken out of its headers.
+    pub fn from_stored(topic: String, partition: u32, r: crate::record::Record) -> Self {
+        let tag = tag_of(
+            r.headers
+                .iter()
+                .map(|h| (h.key.as_str(), h.value.as_deref())),
+        )
+        .map(str::to_owned);
+        Self {
+            topic,
+            partition,
+            offset: r.offset,
+            timestamp_ms: r.timestamp,
+            key: r.key,
+            value: r.value,
+            headers: r
+                .headers
+                .into_iter()
+                .filter(|h| tag.is_none() || h.key != TAG_HEADER)
+                .map(|h| (h.key, h.value))
+                .collect(),
+            tag,
+        }
+    }
 }
 
 /// A consumer of assigned partitions.
@@ -290,15 +320,7 @@ impl Consumer {
                             }
                             *pos = r.offset + 1;
                         }
-                        out.push(ConsumerRecord {
-                            topic: t.topic.clone(),
-                            partition: p.partition,
-                            offset: r.offset,
-                            timestamp_ms: r.timestamp,
-                            key: r.key,
-                            value: r.value,
-                            headers: r.headers.into_iter().map(|h| (h.key, h.value)).collect(),
-                        });
+                        out.push(ConsumerRecord::from_stored(t.topic.clone(), p.partition, r));
                     }
                 }
             }

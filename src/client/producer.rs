@@ -50,6 +50,7 @@ use super::partitioner::{Partitioner, Partitioning};
 use crate::api::proto::broker_client::BrokerClient;
 use crate::api::proto::{PartitionProduceData, ProduceRequest, ProduceResponse, TopicProduceData};
 use crate::error_code::ErrorCode;
+use crate::record::tag::{check_tag, TAG_HEADER};
 use crate::record::{BatchBuilder, Compression, RecordRef};
 
 /// Partitions one produce request may name (the broker's limit).
@@ -144,6 +145,8 @@ pub struct ProducerRecord {
     pub value: Option<Bytes>,
     /// Headers.
     pub headers: Vec<(String, Option<Bytes>)>,
+    /// The record's tag (for tag filters), stored as the `tidelog.tag` header.
+    pub tag: Option<String>,
     /// Timestamp (ms); now when None.
     pub timestamp_ms: Option<i64>,
 }
@@ -387,11 +390,26 @@ impl Producer {
             Err(e) => return RecordFuture::failed(e),
         };
         // No allocation for the common record without headers.
-        let headers: Vec<(&str, Option<&[u8]>)> = record
+        let mut headers: Vec<(&str, Option<&[u8]>)> = record
             .headers
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_deref()))
             .collect();
+        if let Some(tag) = &record.tag {
+            let refused = check_tag(tag).err().or_else(|| {
+                headers
+                    .iter()
+                    .any(|(k, _)| *k == TAG_HEADER)
+                    .then(|| format!("and a '{TAG_HEADER}' header are both given; give one"))
+            });
+            if let Some(why) = refused {
+                return RecordFuture::failed(ClientError::new(
+                    ErrorCode::InvalidRecord,
+                    format!("tag {why}"),
+                ));
+            }
+            headers.push((TAG_HEADER, Some(tag.as_bytes())));
+        }
         let (key, value) = (record.key.as_deref(), record.value.as_deref());
         let reserved = record_size_bound(key, value, &headers);
         if let Err(e) = shared.accumulator.reserve(reserved).await {

@@ -12,8 +12,7 @@ pub use sql::SqlFilter;
 
 /// Longest filter expression accepted (bytes).
 pub const EXPRESSION_BYTES_MAX: usize = 4096;
-/// Longest tag (bytes).
-pub const TAG_BYTES_MAX: usize = 256;
+pub use crate::record::tag::TAG_BYTES_MAX;
 
 /// Why an expression was refused: what is wrong and where.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

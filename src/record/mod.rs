@@ -12,6 +12,7 @@ mod batch;
 mod builder;
 mod compression;
 mod record_codec;
+pub mod tag;
 pub mod varint;
 
 pub use batch::{

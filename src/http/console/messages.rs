@@ -101,6 +101,7 @@ struct Shown {
     offset: i64,
     timestamp_ms: i64,
     key: Option<Clip>,
+    tag: Option<String>,
     value: Option<Clip>,
     headers: Vec<(String, Option<Clip>)>,
     /// Headers beyond [`HEADERS_SHOWN_MAX`].
@@ -114,6 +115,7 @@ impl Shown {
             offset: r.offset,
             timestamp_ms: r.timestamp_ms,
             key: r.key.as_deref().map(Clip::new),
+            tag: r.tag,
             value: r.value.as_deref().map(Clip::new),
             headers: r
                 .headers
@@ -301,13 +303,14 @@ fn records_view(topic: &str, partitions: u32, at: &Position, page: &Page) -> Mar
             p.meta #no-records { "No records from this position." }
         } @else {
             table #records {
-                thead { tr { th.num { "Offset" } th { "Timestamp" } th { "Key" } th { "Value" } th { "Headers" } } }
+                thead { tr { th.num { "Offset" } th { "Timestamp" } th { "Key" } th { "Tag" } th { "Value" } th { "Headers" } } }
                 tbody {
                     @for r in &page.records {
                         tr data-offset=(r.offset) {
                             td.num { (r.offset) }
                             td { time { (format_rfc3339_ms(r.timestamp_ms)) } }
                             td.key { (render::bytes(r.key.as_ref(), at.view)) }
+                            td.tag { @if let Some(t) = &r.tag { code { (t) } } }
                             td.value { (render::bytes(r.value.as_ref(), at.view)) }
                             td.headers {
                                 @for (k, v) in &r.headers {
@@ -330,6 +333,7 @@ fn produce_form(token: &str, topic: &str, values: &BTreeMap<String, String>) -> 
             (render::csrf_field(token))
             label { "Partition" input name="partition" type="number" min="0" placeholder="by key" value=(v("partition")); }
             label { "Key" input name="key" placeholder="none" value=(v("key")); }
+            label { "Tag" input name="tag" placeholder="none" value=(v("tag")); }
             label.wide { "Value" textarea name="value" rows="3" { (v("value")) } }
             label.wide { "Headers (one key=value per line)" textarea name="headers" rows="2" { (v("headers")) } }
             button type="submit" { "Produce" }
@@ -428,6 +432,11 @@ fn test_record(
         key,
         value,
         headers,
+        tag: form
+            .get("tag")
+            .map(|t| t.trim())
+            .filter(|t| !t.is_empty())
+            .map(str::to_owned),
         timestamp_ms: None,
     })
 }
