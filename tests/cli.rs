@@ -582,3 +582,45 @@ fn records_carry_a_tag_and_properties() {
     );
     assert!(lines[1].get("tag").is_none(), "{out}");
 }
+
+/// After a restart, `groups list` shows every group with committed offsets, not only
+/// those a client has used since (the coordinator loads its offsets partitions to list).
+#[test]
+fn groups_are_listed_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_ports(1)[0];
+    let b = format!("127.0.0.1:{port}");
+    let mut server = standalone(dir.path(), port);
+    assert!(cli(&["topics", "create", "--topic", "listed", "--bootstrap", &b]).0);
+    let (code, _, err) = run(&["produce", "--topic", "listed", "--bootstrap", &b]);
+    assert_eq!(code, 0, "{err}");
+    for g in ["ga", "gb", "gc"] {
+        let (code, _, err) = run(&[
+            "consume",
+            "--topic",
+            "listed",
+            "--group",
+            g,
+            "--from-beginning",
+            "--timeout-ms",
+            "1500",
+            "--bootstrap",
+            &b,
+        ]);
+        assert_eq!(code, 0, "{err}");
+    }
+    server.terminate();
+    let _server = standalone(dir.path(), port);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (code, out, err) = run(&["groups", "list", "--bootstrap", &b]);
+        if code == 0 && out.lines().collect::<Vec<_>>() == ["ga", "gb", "gc"] {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "groups list after a restart: {out} {err}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}

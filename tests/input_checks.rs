@@ -155,6 +155,35 @@ async fn clients_may_not_change_reserved_internal_topics() {
     }
     let (_, topics, _) = cli(&["topics", "list", "--bootstrap", &bootstrap]);
     assert!(topics.contains("__consumer_offsets"), "{topics}");
+
+    // Nor may clients write into one.
+    let mut child = std::process::Command::new(common::binary())
+        .args([
+            "produce",
+            "--topic",
+            "__consumer_offsets",
+            "--partition",
+            "0",
+            "--bootstrap",
+            &bootstrap,
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    writeln!(child.stdin.take().unwrap(), "garbage").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a client wrote into __consumer_offsets"
+    );
+    assert!(
+        err.contains("INVALID_TOPIC") && err.contains("internal topics"),
+        "{err}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

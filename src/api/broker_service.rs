@@ -548,6 +548,14 @@ impl BrokerService {
         acks: i32,
         timeout: Duration,
     ) -> Result<(i64, i64), BrokerError> {
+        if crate::controller::validation::is_reserved_topic(topic) {
+            return Err(BrokerError::new(
+                ErrorCode::InvalidTopic,
+                format!(
+                    "cannot produce to '{topic}': internal topics are written only by the cluster"
+                ),
+            ));
+        }
         if acks == 0 {
             // Checked now so a misdirected acks=0 produce is at least logged.
             self.node.leader_partition(topic, partition)?;

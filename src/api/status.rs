@@ -71,13 +71,31 @@ fn grpc_code(code: ErrorCode) -> Code {
     }
 }
 
+/// Longest status message sent: it travels in an HTTP/2 header (`grpc-message`), and a
+/// message echoing a huge input (a 20,000-byte topic name) would break the response.
+pub const STATUS_MESSAGE_BYTES_MAX: usize = 2048;
+
+/// `message` cut to [`STATUS_MESSAGE_BYTES_MAX`] bytes at a character boundary, saying so.
+fn bounded(mut message: String) -> String {
+    if message.len() > STATUS_MESSAGE_BYTES_MAX {
+        let mut cut = STATUS_MESSAGE_BYTES_MAX - 32;
+        while !message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let total = message.len();
+        message.truncate(cut);
+        message.push_str(&format!("… ({total} bytes in all)"));
+    }
+    message
+}
+
 /// A status carrying `code`, `message` and an optional leader hint.
 pub fn error_status(
     code: ErrorCode,
     message: impl Into<String>,
     leader_hint: Option<&str>,
 ) -> Status {
-    let mut status = Status::new(grpc_code(code), message.into());
+    let mut status = Status::new(grpc_code(code), bounded(message.into()));
     let md = status.metadata_mut();
     md.insert(ERROR_CODE_KEY, MetadataValue::from_static(code.as_str()));
     md.insert(
@@ -226,6 +244,13 @@ mod tests {
             assert_eq!(code_of(&s), *code);
             assert_eq!(leader_hint_of(&s).as_deref(), Some("127.0.0.1:1"));
             assert_eq!(s.message(), "why");
+            let long = error_status(ErrorCode::InvalidTopic, "é".repeat(20_000), None);
+            assert!(
+                long.message().len() <= STATUS_MESSAGE_BYTES_MAX,
+                "{}",
+                long.message().len()
+            );
+            assert!(long.message().ends_with("(40000 bytes in all)"));
         }
     }
 }

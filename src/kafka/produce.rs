@@ -68,6 +68,10 @@ impl KafkaHandler {
                             ResponseError::CorruptMessage.code(),
                             "no records".to_owned(),
                         )),
+                        _ if crate::controller::validation::is_reserved_topic(name) => Err((
+                            ResponseError::InvalidTopicException.code(),
+                            format!("cannot produce to '{name}': internal topics are written only by the cluster"),
+                        )),
                         (Some(acks), Some(records)) if p.index >= 0 => self
                             .node
                             .produce(name, p.index as u32, records.to_vec(), acks, timeout)

@@ -19,6 +19,7 @@ use crate::broker::node::{now_ms, Acks, BrokerNode};
 use crate::error_code::ErrorCode;
 use crate::partition::Isolation;
 use crate::record::decode_data_records;
+use crate::replication::replica::LocalPartition;
 use crate::types::{LeaderEpoch, Offset};
 
 /// Group coordination settings of a broker.
@@ -327,8 +328,21 @@ impl GroupCoordinator {
                 }
                 e
             })?;
+        self.load(inner, partition, local, epoch).await?;
+        Ok(partition)
+    }
+
+    /// Loads the committed offsets of offsets partition `partition`, which this broker
+    /// leads as `local` in `epoch`, unless they are loaded for that epoch already.
+    async fn load(
+        &self,
+        inner: &mut Inner,
+        partition: u32,
+        local: Arc<LocalPartition>,
+        epoch: LeaderEpoch,
+    ) -> Result<(), BrokerError> {
         if inner.loaded.get(&partition) == Some(&epoch) {
-            return Ok(partition);
+            return Ok(());
         }
         // New leadership of this partition: forget what we had, load the commits.
         let count = self
@@ -384,7 +398,7 @@ impl GroupCoordinator {
         }
         inner.loaded.insert(partition, epoch);
         tracing::info!(partition, %epoch, offsets = n, "loaded committed offsets");
-        Ok(partition)
+        Ok(())
     }
 
     /// The subscribed topics of `state`'s members with their partition counts.
@@ -1152,12 +1166,22 @@ impl GroupCoordinator {
 
     /// The groups this broker coordinates.
     pub async fn list(&self) -> Vec<GroupListing> {
-        let inner = self.inner.lock().await;
+        let mut inner = self.inner.lock().await;
         let count = self
             .node
             .metadata()
             .topic(OFFSETS_TOPIC)
             .map_or(1, |t| t.partitions.len() as u32);
+        // Groups not used since this broker took their partition over are listed too:
+        // load every offsets partition it leads (a partition that fails to load is left
+        // out, and logged).
+        for p in 0..count {
+            if let Ok((local, epoch)) = self.node.leader_partition(OFFSETS_TOPIC, p) {
+                if let Err(e) = self.load(&mut inner, p, local, epoch).await {
+                    tracing::debug!(partition = p, error = %e, "cannot load committed offsets to list groups");
+                }
+            }
+        }
         inner
             .groups
             .iter()
