@@ -289,6 +289,15 @@ fn console_forms_refuse_missing_or_forged_csrf_tokens_and_change_nothing() {
         ["accepted"],
         "a GET created a topic"
     );
+    // A name no topic can have is refused before the cluster is asked; a group whose
+    // name is a path step is still addressed (by query).
+    let long = format!("/topics/{}", "a".repeat(20_000));
+    let r = http_request(&server.http, "GET", &long, &[], "").unwrap();
+    assert_eq!(r.status, 400, "{}", &r.body[..r.body.len().min(300)]);
+    assert!(r.body.contains("INVALID_TOPIC"));
+    let r = http_request(&server.http, "GET", "/group?name=..", &[], "").unwrap();
+    assert_eq!(r.status, 404, "{}", r.body);
+    assert!(r.body.contains("GROUP_ID_NOT_FOUND"), "{}", r.body);
 
     // DNS rebinding: a page under a foreign host name is refused; a form posted from
     // another origin is refused even with a valid token.

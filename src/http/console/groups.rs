@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use axum::Form;
@@ -42,7 +42,7 @@ pub async fn list(State(console): State<Console>, browser: Browser) -> Response 
                         tbody {
                             @for g in list {
                                 tr {
-                                    td { a href={"/groups/" (url_part(&g.group))} { (g.group) } }
+                                    td { a href=(group_link(&g.group)) { @if g.group.trim().is_empty() { "(" (g.group.len()) " spaces)" } @else { (g.group) } } }
                                     td { (g.group_type) }
                                     td { span.badge { (g.state) } }
                                     td.num { (g.members) }
@@ -66,11 +66,23 @@ fn is_empty_state(state: &str) -> bool {
     state.eq_ignore_ascii_case("empty") || state.eq_ignore_ascii_case("dead")
 }
 
-/// `GET /groups/{group}`.
+/// The group page's address. Group names are any string (`..` included), so the name
+/// goes in the query, which browsers never resolve as a path.
+fn group_link(group: &str) -> String {
+    format!("/group?name={}", url_part(group))
+}
+
+/// The group a request names (`?name=`).
+#[derive(serde::Deserialize)]
+pub struct GroupName {
+    name: String,
+}
+
+/// `GET /group?name=G`.
 pub async fn show(
     State(console): State<Console>,
     browser: Browser,
-    Path(group): Path<String>,
+    Query(GroupName { name: group }): Query<GroupName>,
     Query(query): Query<BTreeMap<String, String>>,
 ) -> Response {
     let title = format!("Group {group}");
@@ -182,7 +194,7 @@ fn summary(d: &DescribeGroupResponse, ends: &BTreeMap<(String, u32), i64>) -> Ma
 fn reset_form(token: &str, d: &DescribeGroupResponse) -> Markup {
     let topics: BTreeSet<&str> = d.offsets.iter().map(|o| o.topic.as_str()).collect();
     html! {
-        form #reset-offsets method="post" action={"/groups/" (url_part(&d.group)) "/reset-offsets"} {
+        form #reset-offsets method="post" action={"/group/reset-offsets?name=" (url_part(&d.group))} {
             (render::csrf_field(token))
             label { "Topic (every partition)"
                 input name="topic" list="group-topics" required value=(topics.iter().next().copied().unwrap_or_default());
@@ -243,11 +255,11 @@ fn new_offset(to: Target, earliest: i64, latest: i64) -> i64 {
     }
 }
 
-/// `POST /groups/{group}/reset-offsets`: topic, to (earliest|latest|offset), offset.
+/// `POST /group/reset-offsets?name=G`: topic, to (earliest|latest|offset), offset.
 pub async fn reset(
     State(console): State<Console>,
     browser: Browser,
-    Path(group): Path<String>,
+    Query(GroupName { name: group }): Query<GroupName>,
     Form(form): Form<BTreeMap<String, String>>,
 ) -> Response {
     if let Some(refused) =
@@ -283,7 +295,7 @@ pub async fn reset(
         Ok::<_, ClientError>(count)
     };
     match attempt.await {
-        Ok(n) => see_other(&format!("/groups/{}?reset={n}", url_part(&group))),
+        Ok(n) => see_other(&format!("{}&reset={n}", group_link(&group))),
         Err(e) => browser.page(
             status_of(&e),
             render::page(
@@ -291,7 +303,7 @@ pub async fn reset(
                 &format!("Group {group}"),
                 html! {
                     (render::error_box(&e))
-                    p { a href={"/groups/" (url_part(&group))} { "← Back to the group" } }
+                    p { a href=(group_link(&group)) { "← Back to the group" } }
                 },
             ),
         ),

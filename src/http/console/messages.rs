@@ -251,9 +251,15 @@ pub async fn browse(
             )
         }
     };
-    let (status, listing) = match read_page(&console, &topic, &at).await {
-        Ok((count, page)) => (StatusCode::OK, records_view(&topic, count, &at, &page)),
-        Err(e) => (status_of(&e), html! { (render::error_box(&e)) }),
+    // The form shows where the page starts (a time seek resolved to its offset), so
+    // typing another offset next time is not overridden by the time.
+    let (status, listing, start) = match read_page(&console, &topic, &at).await {
+        Ok((count, page)) => (
+            StatusCode::OK,
+            records_view(&topic, count, &at, &page),
+            Some(page.start),
+        ),
+        Err(e) => (status_of(&e), html! { (render::error_box(&e)) }, at.offset),
     };
     let body = html! {
         @if query.contains_key("produced") {
@@ -262,8 +268,8 @@ pub async fn browse(
         p.actions { a href={"/topics/" (url_part(&topic))} { "← Topic " (topic) } }
         form #seek method="get" action={"/topics/" (url_part(&topic)) "/messages"} {
             label { "Partition" input name="partition" type="number" min="0" value=(at.partition); }
-            label { "Offset" input name="offset" type="number" min="0" value=(at.offset.map(|o| o.to_string()).unwrap_or_default()); }
-            label { "or time (RFC 3339)" input name="time" placeholder="2026-01-31T12:00:00Z" value=(query.get("time").map(String::as_str).unwrap_or_default()); }
+            label { "Offset" input name="offset" type="number" min="0" value=(start.map(|o| o.to_string()).unwrap_or_default()); }
+            label { "or time (RFC 3339)" input name="time" placeholder="2026-01-31T12:00:00Z"; }
             label { "Records" input name="limit" type="number" min="1" max=(PAGE_MAX) value=(at.limit); }
             label { "Show values as"
                 select name="view" {
@@ -355,6 +361,7 @@ pub async fn produce(
         return refused;
     }
     let attempt = async {
+        super::topics::check_topic_name(&topic)?;
         let record = test_record(&topic, &form)?;
         let config = ProducerConfig {
             acks: -1,
@@ -408,7 +415,12 @@ fn test_record(
         .get("key")
         .filter(|k| !k.is_empty())
         .map(|k| Bytes::from(k.clone()));
-    let value = Some(Bytes::from(form.get("value").cloned().unwrap_or_default()));
+    // Browsers send a textarea's line breaks as CRLF; the record gets what was typed.
+    let value = Some(Bytes::from(
+        form.get("value")
+            .map(|v| v.replace("\r\n", "\n"))
+            .unwrap_or_default(),
+    ));
     let mut headers = Vec::new();
     for line in form
         .get("headers")

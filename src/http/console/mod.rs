@@ -47,6 +47,9 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 const PAGE_DEADLINE: Duration = Duration::from_secs(15);
 /// Console requests served at once; more are answered 503.
 const PAGES_AT_ONCE: usize = 8;
+/// How long a form's body may take to arrive, and how large it may be.
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(5);
+const FORM_BYTES_MAX: usize = 2 << 20;
 
 const STYLE: &str = include_str!("static/console.css");
 const SCRIPT: &str = include_str!("static/console.js");
@@ -127,6 +130,7 @@ impl Console {
         &self,
         topic: &str,
     ) -> Result<(u32, std::collections::BTreeMap<u32, PartitionOffsets>), ClientError> {
+        topics::check_topic_name(topic)?;
         let described = self
             .admin()?
             .describe_topics_with_offsets(vec![topic.to_owned()])
@@ -187,11 +191,8 @@ pub fn router(console: Console) -> Router {
             get(messages::browse).post(messages::produce),
         )
         .route("/groups", get(groups::list))
-        .route("/groups/{group}", get(groups::show))
-        .route(
-            "/groups/{group}/reset-offsets",
-            axum::routing::post(groups::reset),
-        )
+        .route("/group", get(groups::show))
+        .route("/group/reset-offsets", axum::routing::post(groups::reset))
         .route(
             "/static/console.css",
             get(|| async { static_file("text/css", STYLE) }),
@@ -200,8 +201,8 @@ pub fn router(console: Console) -> Router {
             "/static/console.js",
             get(|| async { static_file("text/javascript", SCRIPT) }),
         )
-        .layer(axum::middleware::map_response(security_headers))
         .layer(axum::middleware::from_fn_with_state(console.clone(), guard))
+        .layer(axum::middleware::map_response(security_headers))
         .with_state(console)
 }
 
@@ -249,6 +250,42 @@ async fn guard(State(console): State<Console>, request: Request, next: Next) -> 
         )
             .into_response();
     }
+    if request.uri().path().starts_with("/static/") {
+        // Built-in files cost nothing to serve: never turned away.
+        return next.run(request).await;
+    }
+    // A form body is read before the page takes a slot, and must arrive in time, so a
+    // client trickling bodies cannot hold the console's slots.
+    let request = if request.method() == Method::POST {
+        let (parts, body) = request.into_parts();
+        match tokio::time::timeout(
+            BODY_READ_TIMEOUT,
+            axum::body::to_bytes(body, FORM_BYTES_MAX),
+        )
+        .await
+        {
+            Ok(Ok(bytes)) => Request::from_parts(parts, axum::body::Body::from(bytes)),
+            Ok(Err(_)) => {
+                return (
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("a console form holds at most {FORM_BYTES_MAX} bytes\n"),
+                )
+                    .into_response()
+            }
+            Err(_) => {
+                return (
+                    StatusCode::REQUEST_TIMEOUT,
+                    format!(
+                        "the form did not arrive within {} s\n",
+                        BODY_READ_TIMEOUT.as_secs()
+                    ),
+                )
+                    .into_response()
+            }
+        }
+    } else {
+        request
+    };
     let Ok(_slot) = console.inner.slots.clone().try_acquire_owned() else {
         return (
             StatusCode::SERVICE_UNAVAILABLE,

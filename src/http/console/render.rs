@@ -106,7 +106,9 @@ pub fn error_box(error: &ClientError) -> Markup {
     html! {
         div.error role="alert" {
             strong { (error.code.as_str()) } ": " (error.message)
-            @if error.is_retriable() { " (temporary: reload to retry)" }
+            @if error.is_retriable() && error.code != crate::error_code::ErrorCode::UnknownTopicOrPartition {
+                " (temporary: reload to retry)"
+            }
         }
     }
 }

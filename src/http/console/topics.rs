@@ -36,7 +36,7 @@ pub async fn list(
         @match &topics {
             Err(e) => { (render::error_box(e)) }
             Ok(t) => {
-                @let shown: Vec<_> = t.topics.iter().filter(|t| t.name.contains(search)).collect();
+                @let shown: Vec<_> = t.topics.iter().filter(|t| t.name.to_lowercase().contains(&search.to_lowercase())).collect();
                 table #topics data-filter="filter" {
                     thead { tr { th { "Name" } th.num { "Partitions" } th.num { "Replication factor" } th { "Id" } } }
                     tbody {
@@ -68,7 +68,7 @@ fn create_form(token: &str, values: &BTreeMap<String, String>) -> Markup {
     html! {
         form #create-topic method="post" action="/topics" {
             (render::csrf_field(token))
-            label { "Name" input name="name" required pattern="[a-zA-Z0-9._-]{1,249}" value=(v("name")); }
+            label { "Name" input name="name" required pattern="[a-zA-Z0-9._\\-]{1,249}" value=(v("name")); }
             label { "Partitions" input name="partitions" type="number" min="1" placeholder="broker default" value=(v("partitions")); }
             label { "Replication factor" input name="replication_factor" type="number" min="1" placeholder="broker default" value=(v("replication_factor")); }
             label.wide { "Configs (one key=value per line)" textarea name="config" rows="3" placeholder="retention.ms=86400000" { (v("config")) } }
@@ -115,6 +115,21 @@ pub async fn create(
     }
 }
 
+/// Refuses a name no topic can have before asking the cluster about it.
+pub fn check_topic_name(name: &str) -> Result<(), ClientError> {
+    if is_topic_name(name) {
+        return Ok(());
+    }
+    let shown: String = name.chars().take(64).collect();
+    Err(ClientError::new(
+        ErrorCode::InvalidTopic,
+        format!(
+            "'{shown}'{} is not a topic name: 1 to 249 of a-z A-Z 0-9 . _ -",
+            if shown.len() < name.len() { "…" } else { "" }
+        ),
+    ))
+}
+
 /// Whether `name` could be a topic's (so a notice naming it was not made up by a link).
 fn is_topic_name(name: &str) -> bool {
     (1..=249).contains(&name.len())
@@ -135,10 +150,7 @@ fn number_field(form: &BTreeMap<String, String>, field: &str) -> Result<Option<u
             .ok_or_else(|| {
                 ClientError::new(
                     ErrorCode::InvalidRequest,
-                    format!(
-                        "{field} must be a whole number from 1 to {}, not '{s}'",
-                        u32::MAX
-                    ),
+                    format!("{field} must be a whole number, 1 or more, not '{s}'"),
                 )
             }),
     }
@@ -174,9 +186,9 @@ pub async fn show(
     browser: Browser,
     Path(topic): Path<String>,
 ) -> Response {
-    let described = match console.admin() {
-        Ok(a) => a.describe_topics_with_offsets(vec![topic.clone()]).await,
-        Err(e) => Err(e),
+    let described = match (check_topic_name(&topic), console.admin()) {
+        (Err(e), _) | (_, Err(e)) => Err(e),
+        (Ok(()), Ok(a)) => a.describe_topics_with_offsets(vec![topic.clone()]).await,
     };
     let found = described.map(|list| {
         list.into_iter()

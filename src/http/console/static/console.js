@@ -5,9 +5,9 @@ document.addEventListener("DOMContentLoaded", function () {
     var input = document.getElementById(table.getAttribute("data-filter"));
     if (!input) return;
     input.addEventListener("input", function () {
-      var needle = input.value.trim();
+      var needle = input.value.trim().toLowerCase();
       table.querySelectorAll("tbody tr").forEach(function (row) {
-        var name = row.getAttribute("data-name") || "";
+        var name = (row.getAttribute("data-name") || "").toLowerCase();
         row.hidden = needle !== "" && name.indexOf(needle) < 0;
       });
     });
