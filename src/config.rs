@@ -27,7 +27,7 @@ pub struct ControllerConfig {
     /// The internal listener (Raft, broker lifecycle, forwarded admin calls); empty: the
     /// host of `listen` with its port + 100.
     pub internal_listen: String,
-    /// The HTTP port (metrics, health); empty or `none`: off.
+    /// The HTTP port (console, metrics, health); empty or `none`: off.
     pub http_listen: String,
     /// Host names the web console answers besides IP literals and `localhost`,
     /// comma-separated (e.g. `console.example.com`); guards against DNS rebinding.
@@ -210,7 +210,7 @@ pub struct BrokerConfig {
     /// The address other brokers use to reach the internal listener; the bound address
     /// when empty.
     pub internal_advertised_address: String,
-    /// The HTTP port (metrics, health); `none`: off; empty: off for a broker, and
+    /// The HTTP port (console, metrics, health); `none`: off; empty: off for a broker, and
     /// [`STANDALONE_HTTP_LISTEN`] for `standalone`.
     pub http_listen: String,
     /// Host names the web console answers besides IP literals and `localhost`,

@@ -512,7 +512,9 @@ fn perf_shows_progress_on_a_terminal_and_stays_quiet_when_piped() {
     let shown = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{shown}");
     assert!(
-        shown.contains('\r') && shown.contains("/2500 (") && shown.contains("records acknowledged"),
+        shown.contains("\x1b[K")
+            && shown.contains("/2500 (")
+            && shown.contains("records acknowledged"),
         "a progress line on a terminal: {shown:?}"
     );
 }

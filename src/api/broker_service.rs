@@ -548,14 +548,8 @@ impl BrokerService {
         acks: i32,
         timeout: Duration,
     ) -> Result<(i64, i64), BrokerError> {
-        if crate::controller::validation::is_reserved_topic(topic) {
-            return Err(BrokerError::new(
-                ErrorCode::InvalidTopic,
-                format!(
-                    "cannot produce to '{topic}': internal topics are written only by the cluster"
-                ),
-            ));
-        }
+        validation::check_client_may_change(topic, "produce to")
+            .map_err(|e| BrokerError::new(e.code, e.message))?;
         if acks == 0 {
             // Checked now so a misdirected acks=0 produce is at least logged.
             self.node.leader_partition(topic, partition)?;

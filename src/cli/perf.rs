@@ -319,6 +319,7 @@ async fn produce(
         "cpu_seconds": cpu,
         "cpu_seconds_per_gb": cpu_per_gb(cpu, bytes),
     });
+    progress.finish();
     match output {
         OutputFormat::Json => println!("{summary}"),
         OutputFormat::Table => println!(
@@ -536,6 +537,7 @@ async fn consume(
         "cpu_seconds": cpu,
         "cpu_seconds_per_gb": cpu_per_gb(cpu, bytes as f64),
     });
+    progress.finish();
     match output {
         OutputFormat::Json => println!("{summary}"),
         OutputFormat::Table => println!(

@@ -31,11 +31,6 @@ impl Progress {
         }
     }
 
-    /// Whether anything is drawn.
-    pub fn is_shown(&self) -> bool {
-        self.shown
-    }
-
     /// Redraws the line with `text()` unless it was drawn a moment ago.
     pub fn update(&mut self, text: impl FnOnce() -> String) {
         if !self.shown || self.last.is_some_and(|t| t.elapsed() < REDRAW_EVERY) {

@@ -286,7 +286,6 @@ fn only_partitions(
         .collect()
 }
 
-/// Parses `P=B1,B2,...`.
 /// Polls the topic until none of `partitions` is still adding or removing replicas, or
 /// `limit_secs` (0: no limit) pass; progress on a terminal.
 async fn wait_for_reassignment(
@@ -299,6 +298,17 @@ async fn wait_for_reassignment(
     let mut progress = Progress::new();
     loop {
         let described = client.describe_topics(vec![topic.to_owned()]).await?;
+        if !described
+            .topics
+            .iter()
+            .any(|d| d.topic.as_ref().is_some_and(|t| t.name == topic))
+        {
+            progress.finish();
+            return Err(CliError::new(
+                "UNKNOWN_TOPIC_OR_PARTITION",
+                format!("topic {topic} disappeared while its reassignment was awaited"),
+            ));
+        }
         let moving: Vec<u32> = described
             .topics
             .iter()
@@ -335,6 +345,7 @@ async fn wait_for_reassignment(
     }
 }
 
+/// Parses `P=B1,B2,...`.
 fn parse_reassignment(text: &str) -> Result<PartitionReassignment, CliError> {
     let bad = |why: &str| {
         CliError::new(

@@ -1,8 +1,8 @@
 //! Message filters, as RocketMQ offers them: tag expressions (`*`, `TagA || TagB`) and
 //! SQL92-style expressions over a record's properties (`region = 'eu' AND amount > 100`).
 //! Parsing refuses a bad expression with a message that points at the problem; matching
-//! is pure and cheap. The per-segment tag-hash index that lets a fetch skip records
-//! without decoding them lives in `segment/`; [`tag_hash`] is the hash it stores.
+//! is pure and cheap. [`tag_hash`] is the hash the per-segment tag index will store (not
+//! built yet: issue 15), so a fetch can skip records without decoding them.
 
 pub mod sql;
 
@@ -48,12 +48,8 @@ impl TagFilter {
                 Some("is empty (two || in a row, or one at an end?)".to_owned())
             } else if tag == "*" {
                 Some("is `*`, which stands alone: `*` means every tag".to_owned())
-            } else if tag.len() > TAG_BYTES_MAX {
-                Some(format!("is longer than {TAG_BYTES_MAX} bytes"))
             } else {
-                tag.chars()
-                    .find(|c| c.is_whitespace() || *c == '|')
-                    .map(|c| format!("holds {c:?}; tags are separated by ||"))
+                crate::record::tag::check_tag(tag).err()
             };
             if let Some(why) = why {
                 return Err(FilterError(format!(

@@ -419,7 +419,14 @@ mod tests {
             SqlFilter::parse(&deep).is_err(),
             "deep nesting is refused, not a stack overflow"
         );
-        assert!(SqlFilter::parse(&"a = 1 OR ".repeat(600)).is_err());
+        assert!(
+            SqlFilter::parse(&"a = 1 OR ".repeat(600)).is_err(),
+            "over the length limit"
+        );
+        // A long flat expression within the limit parses and evaluates.
+        let flat = format!("{}a = 1", "a = 0 OR ".repeat(400));
+        let f = SqlFilter::parse(&flat).unwrap();
+        assert!(f.matches(|_| Some("1")) && !f.matches(|_| Some("2")));
     }
 
     proptest! {

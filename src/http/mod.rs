@@ -60,8 +60,8 @@ struct AppState {
 
 /// Connections the HTTP port holds at once; more are closed on accept.
 const HTTP_CONNECTIONS_MAX: usize = 1024;
-/// A connection that carries nothing for this long is closed (a client that opens
-/// connections and goes silent, or trickles a request, cannot hold them).
+/// A connection that is not answered for this long is closed (a client that opens
+/// connections and goes silent, or trickles a request at any pace, cannot hold them).
 const HTTP_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The HTTP port's listener: at most [`HTTP_CONNECTIONS_MAX`] connections, each closed
@@ -91,7 +91,8 @@ impl axum::serve::Listener for HttpListener {
             };
             match self.slots.clone().try_acquire_owned() {
                 Ok(permit) => {
-                    let conn = crate::net::Conn::new(stream, permit, HTTP_IDLE_TIMEOUT, "http");
+                    let conn = crate::net::Conn::new(stream, permit, HTTP_IDLE_TIMEOUT, "http")
+                        .idle_until_answered();
                     return (conn, peer);
                 }
                 Err(_) => {

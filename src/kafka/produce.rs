@@ -70,7 +70,10 @@ impl KafkaHandler {
                         )),
                         _ if crate::controller::validation::is_reserved_topic(name) => Err((
                             ResponseError::InvalidTopicException.code(),
-                            format!("cannot produce to '{name}': internal topics are written only by the cluster"),
+                            crate::controller::validation::check_client_may_change(name, "produce to")
+                                .err()
+                                .map(|e| e.message)
+                                .unwrap_or_default(),
                         )),
                         (Some(acks), Some(records)) if p.index >= 0 => self
                             .node

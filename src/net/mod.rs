@@ -149,6 +149,8 @@ pub struct Conn {
     _open: OpenGauge,
     idle_timeout: Duration,
     idle: Pin<Box<tokio::time::Sleep>>,
+    /// Whether reads count as use (else only writes: answers).
+    reads_count: bool,
 }
 
 impl Conn {
@@ -167,7 +169,16 @@ impl Conn {
             _open: OpenGauge::new(listener),
             idle_timeout,
             idle: Box::pin(tokio::time::sleep(idle_timeout)),
+            reads_count: true,
         }
+    }
+
+    /// Counts only what the server writes as use: a connection is idle until it is
+    /// answered, however the client trickles bytes (HTTP/1.1, where every request gets
+    /// an answer).
+    pub fn idle_until_answered(mut self) -> Self {
+        self.reads_count = false;
+        self
     }
 
     /// Counts a read or write of `bytes` as use unless it is keepalive-sized.
@@ -197,7 +208,9 @@ impl AsyncRead for Conn {
         match Pin::new(&mut self.stream).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
                 let n = buf.filled().len() - before;
-                self.used(n);
+                if self.reads_count {
+                    self.used(n);
+                }
                 Poll::Ready(Ok(()))
             }
             Poll::Pending => match self.idle.as_mut().poll(cx) {

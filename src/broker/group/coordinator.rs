@@ -1166,7 +1166,6 @@ impl GroupCoordinator {
 
     /// The groups this broker coordinates.
     pub async fn list(&self) -> Vec<GroupListing> {
-        let mut inner = self.inner.lock().await;
         let count = self
             .node
             .metadata()
@@ -1174,14 +1173,17 @@ impl GroupCoordinator {
             .map_or(1, |t| t.partitions.len() as u32);
         // Groups not used since this broker took their partition over are listed too:
         // load every offsets partition it leads (a partition that fails to load is left
-        // out, and logged).
+        // out, and logged), taking the lock per partition so that heartbeats and commits
+        // go on between loads.
         for p in 0..count {
             if let Ok((local, epoch)) = self.node.leader_partition(OFFSETS_TOPIC, p) {
+                let mut inner = self.inner.lock().await;
                 if let Err(e) = self.load(&mut inner, p, local, epoch).await {
                     tracing::debug!(partition = p, error = %e, "cannot load committed offsets to list groups");
                 }
             }
         }
+        let inner = self.inner.lock().await;
         inner
             .groups
             .iter()

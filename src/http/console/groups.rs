@@ -250,7 +250,7 @@ fn target(form: &BTreeMap<String, String>) -> Result<Target, ClientError> {
 fn new_offset(to: Target, earliest: i64, latest: i64) -> i64 {
     match to {
         Target::Earliest => earliest,
-        Target::Latest => latest,
+        Target::Latest => latest.max(earliest),
         Target::Offset(o) => o.clamp(earliest, latest.max(earliest)),
     }
 }

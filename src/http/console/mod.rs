@@ -266,11 +266,20 @@ async fn guard(State(console): State<Console>, request: Request, next: Next) -> 
         {
             Ok(Ok(bytes)) => Request::from_parts(parts, axum::body::Body::from(bytes)),
             Ok(Err(_)) => {
-                return (
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    format!("a console form holds at most {FORM_BYTES_MAX} bytes\n"),
-                )
-                    .into_response()
+                let declared = parts
+                    .headers
+                    .get(header::CONTENT_LENGTH)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse::<usize>().ok());
+                return if declared.is_some_and(|n| n > FORM_BYTES_MAX) {
+                    (
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        format!("a console form holds at most {FORM_BYTES_MAX} bytes\n"),
+                    )
+                        .into_response()
+                } else {
+                    (StatusCode::BAD_REQUEST, "the form could not be read\n").into_response()
+                };
             }
             Err(_) => {
                 return (
