@@ -18,16 +18,7 @@ use common::{binary, cli, free_ports, http_request, Proc, FAST_RAFT};
 
 /// The venv's Python with selenium, or why there is none.
 fn browser_python() -> Option<PathBuf> {
-    let venv = std::env::var("BROWSER_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            let cache = std::env::var("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .unwrap_or_else(|_| {
-                    PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache")
-                });
-            cache.join("tidelog/browser-venv")
-        });
+    let venv = common::venv_dir("BROWSER_VENV", "browser-venv");
     let python = venv.join("bin/python");
     let why = if !Path::new("/usr/bin/chromium").exists()
         || !Path::new("/usr/bin/chromedriver").exists()

@@ -30,16 +30,7 @@ struct Clients {
 }
 
 fn clients() -> Option<Clients> {
-    let venv = std::env::var("KAFKA_CLIENTS_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            let cache = std::env::var("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .unwrap_or_else(|_| {
-                    PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache")
-                });
-            cache.join("tidelog/kafka-clients-venv")
-        });
+    let venv = common::venv_dir("KAFKA_CLIENTS_VENV", "kafka-clients-venv");
     let python = venv.join("bin/python");
     let why = if Command::new("kcat").arg("-V").output().is_err() {
         Some("kcat is not installed".to_owned())

@@ -23,7 +23,7 @@ use crate::client::AdminClient;
 use crate::controller::validation;
 use crate::error_code::ErrorCode;
 use crate::partition::MAX_UNCOMPRESSED_BATCH_BYTES;
-use crate::record::tag::{check_tag, tag_of, TAG_HEADER};
+use crate::record::tag::{check_tag, split_tag, TAG_HEADER};
 use crate::record::{decode_data_records, BatchBuilder, Compression, RecordRef};
 
 /// How long an acks=all produce waits for replication when the request gives no timeout.
@@ -212,22 +212,15 @@ fn decode_records(batches: &Bytes, from: u64) -> Result<Vec<ConsumedRecord>, Bro
         .into_iter()
         .filter(|r| r.offset as u64 >= from)
         .map(|r| {
-            let tag = tag_of(
-                r.headers
-                    .iter()
-                    .map(|h| (h.key.as_str(), h.value.as_deref())),
-            )
-            .map(str::to_owned);
+            // The tag header shows as `tag` (an invalid one stays a plain header).
+            let (tag, headers) = split_tag(r.headers);
             ConsumedRecord {
                 offset: r.offset,
                 timestamp_ms: r.timestamp,
                 key: r.key,
                 value: r.value,
-                // The tag header shows as `tag` (an invalid one stays a plain header).
-                headers: r
-                    .headers
+                headers: headers
                     .into_iter()
-                    .filter(|h| tag.is_none() || h.key != TAG_HEADER)
                     .map(|h| proto::Header {
                         key: h.key,
                         value: h.value,

@@ -17,7 +17,7 @@ use crate::api::proto::{
 };
 use crate::api::status::code_of;
 use crate::error_code::ErrorCode;
-use crate::record::tag::{tag_of, TAG_HEADER};
+use crate::record::tag::split_tag;
 
 /// Largest response the consumer accepts (fetches are bounded by `max_bytes` below it).
 const RESPONSE_BYTES_MAX: usize = 64 * 1024 * 1024;
@@ -57,12 +57,7 @@ pub struct ConsumerRecord {
 impl ConsumerRecord {
     /// A stored record of `topic`-`partition`, its tag taken out of its headers.
     pub fn from_stored(topic: String, partition: u32, r: crate::record::Record) -> Self {
-        let tag = tag_of(
-            r.headers
-                .iter()
-                .map(|h| (h.key.as_str(), h.value.as_deref())),
-        )
-        .map(str::to_owned);
+        let (tag, headers) = split_tag(r.headers);
         Self {
             topic,
             partition,
@@ -70,12 +65,7 @@ impl ConsumerRecord {
             timestamp_ms: r.timestamp,
             key: r.key,
             value: r.value,
-            headers: r
-                .headers
-                .into_iter()
-                .filter(|h| tag.is_none() || h.key != TAG_HEADER)
-                .map(|h| (h.key, h.value))
-                .collect(),
+            headers: headers.into_iter().map(|h| (h.key, h.value)).collect(),
             tag,
         }
     }

@@ -38,6 +38,22 @@ pub fn tag_of<'a>(
         .filter(|t| check_tag(t).is_ok())
 }
 
+/// Takes the tag out of a stored record's headers: the tag, and the headers without the
+/// tag header (kept when it holds no valid tag, so nothing is lost).
+pub fn split_tag(headers: Vec<super::Header>) -> (Option<String>, Vec<super::Header>) {
+    let tag =
+        tag_of(headers.iter().map(|h| (h.key.as_str(), h.value.as_deref()))).map(str::to_owned);
+    let headers = if tag.is_some() {
+        headers
+            .into_iter()
+            .filter(|h| h.key != TAG_HEADER)
+            .collect()
+    } else {
+        headers
+    };
+    (tag, headers)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -58,5 +74,13 @@ mod tests {
         assert_eq!(tag_of([(TAG_HEADER, None)]), None);
         assert_eq!(tag_of([(TAG_HEADER, Some(&b"not a tag"[..]))]), None);
         assert_eq!(tag_of([(TAG_HEADER, Some(&[0xff][..]))]), None);
+        let h = |k: &str, v: &[u8]| super::super::Header {
+            key: k.into(),
+            value: Some(bytes::Bytes::copy_from_slice(v)),
+        };
+        let (tag, rest) = split_tag(vec![h("a", b"1"), h(TAG_HEADER, b"T")]);
+        assert_eq!((tag.as_deref(), rest.len()), (Some("T"), 1));
+        let (tag, rest) = split_tag(vec![h(TAG_HEADER, b"not a tag")]);
+        assert_eq!((tag, rest.len()), (None, 1));
     }
 }

@@ -871,3 +871,19 @@ pub async fn fetch_partition0(
         .collect();
     (records, started.elapsed())
 }
+
+/// A test venv's directory: `$<env_var>`, else `${XDG_CACHE_HOME:-~/.cache}/tidelog/<name>`
+/// (where the `.ci/` install scripts make it).
+#[allow(dead_code)]
+pub fn venv_dir(env_var: &str, name: &str) -> PathBuf {
+    std::env::var(env_var)
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            let cache = std::env::var("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|_| {
+                    PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache")
+                });
+            cache.join("tidelog").join(name)
+        })
+}

@@ -262,9 +262,7 @@ pub async fn reset(
     Query(GroupName { name: group }): Query<GroupName>,
     Form(form): Form<BTreeMap<String, String>>,
 ) -> Response {
-    if let Some(refused) =
-        browser.refusal(&console, form.get(super::csrf::FIELD).map(String::as_str))
-    {
+    if let Some(refused) = browser.refusal(&console, &form) {
         return refused;
     }
     let attempt = async {

@@ -355,9 +355,7 @@ pub async fn produce(
     Path(topic): Path<String>,
     Form(form): Form<BTreeMap<String, String>>,
 ) -> Response {
-    if let Some(refused) =
-        browser.refusal(&console, form.get(super::csrf::FIELD).map(String::as_str))
-    {
+    if let Some(refused) = browser.refusal(&console, &form) {
         return refused;
     }
     let attempt = async {

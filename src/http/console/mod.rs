@@ -410,8 +410,12 @@ impl Browser {
 
     /// The 403 page for a form whose token does not belong to this browser (a fresh
     /// browser has sent none); `None` when the token is good.
-    fn refusal(&self, console: &Console, form_token: Option<&str>) -> Option<Response> {
-        match form_token {
+    fn refusal(
+        &self,
+        console: &Console,
+        form: &std::collections::BTreeMap<String, String>,
+    ) -> Option<Response> {
+        match form.get(csrf::FIELD).map(String::as_str) {
             Some(t) if !self.fresh && console.inner.key.verify(&self.id, t) => None,
             _ => Some(self.page(
                 StatusCode::FORBIDDEN,

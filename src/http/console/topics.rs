@@ -83,9 +83,7 @@ pub async fn create(
     browser: Browser,
     Form(form): Form<BTreeMap<String, String>>,
 ) -> Response {
-    if let Some(refused) =
-        browser.refusal(&console, form.get(super::csrf::FIELD).map(String::as_str))
-    {
+    if let Some(refused) = browser.refusal(&console, &form) {
         return refused;
     }
     let name = form
@@ -315,9 +313,7 @@ pub async fn delete(
     Path(topic): Path<String>,
     Form(form): Form<BTreeMap<String, String>>,
 ) -> Response {
-    if let Some(refused) =
-        browser.refusal(&console, form.get(super::csrf::FIELD).map(String::as_str))
-    {
+    if let Some(refused) = browser.refusal(&console, &form) {
         return refused;
     }
     let attempt = async {
