@@ -33,17 +33,7 @@ fn browser_python() -> Option<PathBuf> {
     } else {
         None
     };
-    match why {
-        None => Some(python),
-        Some(why) => {
-            assert!(
-                std::env::var("CONSOLE_BROWSER_REQUIRE").is_err(),
-                "CONSOLE_BROWSER_REQUIRE is set but {why} (run .ci/browser)"
-            );
-            eprintln!("skipping: {why} (run .ci/browser to install the browser)");
-            None
-        }
-    }
+    common::available(why, "CONSOLE_BROWSER_REQUIRE", ".ci/browser").then_some(python)
 }
 
 /// A standalone with its client and HTTP addresses.
@@ -192,15 +182,24 @@ fn session(http: &str) -> (String, String) {
     (cookie, token)
 }
 
-fn create(http: &str, cookie: Option<&str>, token: &str, name: &str) -> u16 {
-    let body = format!("csrf={token}&name={name}&partitions=1");
+/// Posts the create-topic form `body` with the browser `cookie` and `extra` headers.
+fn post_create(
+    http: &str,
+    cookie: Option<&str>,
+    extra: &[(&str, &str)],
+    body: &str,
+) -> common::HttpResponse {
     let mut headers = vec![("Content-Type", "application/x-www-form-urlencoded")];
     if let Some(c) = cookie {
         headers.push(("Cookie", c));
     }
-    http_request(http, "POST", "/topics", &headers, &body)
-        .unwrap()
-        .status
+    headers.extend_from_slice(extra);
+    http_request(http, "POST", "/topics", &headers, body).unwrap()
+}
+
+fn create(http: &str, cookie: Option<&str>, token: &str, name: &str) -> u16 {
+    let body = format!("csrf={token}&name={name}&partitions=1");
+    post_create(http, cookie, &[], &body).status
 }
 
 #[test]
@@ -233,17 +232,7 @@ fn console_forms_refuse_missing_or_forged_csrf_tokens_and_change_nothing() {
 
     // A bad field is refused with its name, and nothing is created.
     let body = format!("csrf={token}&name=bad-partitions&partitions=many");
-    let r = http_request(
-        &server.http,
-        "POST",
-        "/topics",
-        &[
-            ("Content-Type", "application/x-www-form-urlencoded"),
-            ("Cookie", &cookie),
-        ],
-        &body,
-    )
-    .unwrap();
+    let r = post_create(&server.http, Some(&cookie), &[], &body);
     assert_eq!(r.status, 400);
     assert!(
         r.body.contains("INVALID_REQUEST") && r.body.contains("partitions must be"),
@@ -306,18 +295,12 @@ fn console_forms_refuse_missing_or_forged_csrf_tokens_and_change_nothing() {
         "no token under a foreign name"
     );
     let body = format!("csrf={token}&name=cross-origin&partitions=1");
-    let r = http_request(
+    let r = post_create(
         &server.http,
-        "POST",
-        "/topics",
-        &[
-            ("Content-Type", "application/x-www-form-urlencoded"),
-            ("Cookie", &cookie),
-            ("Origin", "http://evil.example"),
-        ],
+        Some(&cookie),
+        &[("Origin", "http://evil.example")],
         &body,
-    )
-    .unwrap();
+    );
     assert_eq!(r.status, 403, "{}", r.body);
     // Metrics and health stay reachable under any name (scrapers, probes).
     let health = http_request(

@@ -46,17 +46,8 @@ fn clients() -> Option<Clients> {
     } else {
         None
     };
-    match why {
-        None => Some(Clients { python }),
-        Some(why) => {
-            assert!(
-                std::env::var("KAFKA_CLIENTS_REQUIRE").is_err(),
-                "KAFKA_CLIENTS_REQUIRE is set but {why} (run .ci/kafka-clients)"
-            );
-            eprintln!("skipping: {why} (run .ci/kafka-clients to install the Kafka clients)");
-            None
-        }
-    }
+    common::available(why, "KAFKA_CLIENTS_REQUIRE", ".ci/kafka-clients")
+        .then_some(Clients { python })
 }
 
 /// A standalone serving gRPC and Kafka on free ports.

@@ -887,3 +887,18 @@ pub fn venv_dir(env_var: &str, name: &str) -> PathBuf {
             cache.join("tidelog").join(name)
         })
 }
+
+/// Whether a test's outside tools are there (`why` says what is missing): when not, the
+/// test says so and skips, unless `require_var` is set (CI), which fails it instead.
+#[allow(dead_code)]
+pub fn available(why: Option<String>, require_var: &str, install: &str) -> bool {
+    let Some(why) = why else {
+        return true;
+    };
+    assert!(
+        std::env::var(require_var).is_err(),
+        "{require_var} is set but {why} (run {install})"
+    );
+    eprintln!("skipping: {why} (run {install} to install it)");
+    false
+}
