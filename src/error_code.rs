@@ -94,6 +94,7 @@ error_codes! {
     MemberIdRequired = "MEMBER_ID_REQUIRED", false, "A new classic-protocol member must join again with the member id this answer carries.";
     FencedInstanceId = "FENCED_INSTANCE_ID", false, "Another process joined with this group.instance.id; this one is fenced.";
     GroupSubscribedToTopic = "GROUP_SUBSCRIBED_TO_TOPIC", false, "The group's members subscribe to the topic; its offsets cannot be deleted while they do.";
+    InvalidFilterExpression = "INVALID_FILTER_EXPRESSION", false, "A fetch's tag or SQL filter expression does not parse or breaks a limit; the message points at the problem. Nothing was read.";
 }
 
 impl fmt::Display for ErrorCode {

@@ -22,9 +22,10 @@ use crate::broker::{BrokerError, BrokerNode};
 use crate::client::AdminClient;
 use crate::controller::validation;
 use crate::error_code::ErrorCode;
-use crate::partition::MAX_UNCOMPRESSED_BATCH_BYTES;
+use crate::filter::{RecordFilter, SqlFilter, TagFilter};
+use crate::partition::{FetchData, MAX_UNCOMPRESSED_BATCH_BYTES};
 use crate::record::tag::{check_tag, split_tag, TAG_HEADER};
-use crate::record::{decode_data_records, BatchBuilder, Compression, RecordRef};
+use crate::record::{decode_data_records, BatchBuilder, BatchIter, Compression, RecordRef};
 
 /// How long an acks=all produce waits for replication when the request gives no timeout.
 const PRODUCE_TIMEOUT_DEFAULT_MS: u64 = 30_000;
@@ -205,6 +206,40 @@ fn leader_fields(e: &BrokerError) -> (Option<i32>, Option<String>) {
 }
 
 /// Decodes the records of `batches` at or after `from`.
+/// The request's filter, parsed; `None` when it keeps every record.
+fn parse_filter(filter: Option<&proto::RecordFilter>) -> Result<Option<Arc<RecordFilter>>, Status> {
+    use proto::record_filter::Expression;
+    let parsed = match filter.and_then(|f| f.expression.as_ref()) {
+        None => return Ok(None),
+        Some(Expression::Tag(text)) => TagFilter::parse(text).map(RecordFilter::Tag),
+        Some(Expression::Sql(text)) => SqlFilter::parse(text).map(RecordFilter::Sql),
+    }
+    .map_err(|e| {
+        error_status(
+            ErrorCode::InvalidFilterExpression,
+            format!("filter: {e}"),
+            None,
+        )
+    })?;
+    Ok((!parsed.keeps_everything()).then(|| Arc::new(parsed)))
+}
+
+/// Where the consumer of `d` (read from `from`) continues: the filter's offset, else after
+/// the last batch returned, else where it asked.
+fn next_fetch_offset(d: &FetchData, from: u64) -> i64 {
+    if let Some(next) = d.next_offset {
+        return next.as_i64();
+    }
+    let mut next = from;
+    for batch in BatchIter::new(&d.records) {
+        match batch {
+            Ok(b) => next = next.max(b.header().next_offset() as u64),
+            Err(_) => break,
+        }
+    }
+    next as i64
+}
+
 fn decode_records(batches: &Bytes, from: u64) -> Result<Vec<ConsumedRecord>, BrokerError> {
     let records = decode_data_records(batches, MAX_UNCOMPRESSED_BATCH_BYTES)
         .map_err(|e| BrokerError::new(ErrorCode::CorruptMessage, format!("stored batch: {e}")))?;
@@ -329,6 +364,7 @@ impl Broker for BrokerService {
             "fetch request",
             r.topics.iter().map(|t| t.partitions.len()).sum(),
         )?;
+        let filter = parse_filter(r.filter.as_ref())?;
         let mut targets = Vec::new();
         for t in &r.topics {
             for p in &t.partitions {
@@ -351,6 +387,7 @@ impl Broker for BrokerService {
                     } else {
                         p.partition_max_bytes as usize
                     },
+                    filter: filter.clone(),
                 });
             }
         }
@@ -382,6 +419,7 @@ impl Broker for BrokerService {
             }) {
                 Ok((d, records)) => FetchPartitionResponse {
                     partition: target.partition,
+                    next_fetch_offset: next_fetch_offset(&d, target.offset),
                     high_watermark: d.high_watermark.as_i64(),
                     log_start_offset: d.log_start_offset.as_i64(),
                     log_end_offset: d.log_end_offset.as_i64(),

@@ -48,6 +48,7 @@ fn grpc_code(code: ErrorCode) -> Code {
         | ErrorCode::InvalidRecord
         | ErrorCode::InconsistentGroupProtocol
         | ErrorCode::InvalidSessionTimeout
+        | ErrorCode::InvalidFilterExpression
         | ErrorCode::CorruptMessage => Code::InvalidArgument,
         ErrorCode::OffsetOutOfRange => Code::OutOfRange,
         ErrorCode::RequestTimedOut => Code::DeadlineExceeded,

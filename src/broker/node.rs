@@ -10,6 +10,7 @@ use super::metadata_cache::MetadataCache;
 use super::partition_manager::{LocalPartition, PartitionManager};
 use super::producer_ids::ProducerIdBlocks;
 use crate::error_code::ErrorCode;
+use crate::filter::RecordFilter;
 use crate::partition::{FetchData, Isolation, LogError, ReadOptions};
 use crate::replication::isr_queue::IsrChangeQueue;
 use crate::replication::IsrChange;
@@ -91,6 +92,8 @@ pub struct FetchTarget {
     pub offset: u64,
     /// Most bytes for this partition.
     pub max_bytes: usize,
+    /// Only records passing this filter (`None`: every record).
+    pub filter: Option<Arc<RecordFilter>>,
 }
 
 /// Which offset ListOffsets asks for.
@@ -384,6 +387,7 @@ impl BrokerNode {
                 high_watermark: hw,
                 log_start_offset: local.log.log_start_offset(),
                 log_end_offset: end,
+                next_offset: None,
             });
         }
         if target.offset > end.0 {
@@ -399,16 +403,25 @@ impl BrokerNode {
                 ),
             )));
         }
-        let options = ReadOptions {
-            verify_crc: self.limits.verify_crc_on_read,
-            cached_only,
+        let read = match target.filter.as_deref() {
+            // Filtered reads go to a blocking thread: they may read many batches.
+            Some(_) if cached_only => return Err(ReadFailure::NotCached),
+            Some(filter) => local.log.read_filtered(
+                Offset(target.offset),
+                target.max_bytes,
+                Isolation::HighWatermark,
+                filter,
+            ),
+            None => local.log.read_with(
+                Offset(target.offset),
+                target.max_bytes,
+                Isolation::HighWatermark,
+                ReadOptions {
+                    verify_crc: self.limits.verify_crc_on_read,
+                    cached_only,
+                },
+            ),
         };
-        let read = local.log.read_with(
-            Offset(target.offset),
-            target.max_bytes,
-            Isolation::HighWatermark,
-            options,
-        );
         read.map_err(|e| match e {
             LogError::NotCached => ReadFailure::NotCached,
             e => ReadFailure::Broker(BrokerError::from_log(&local.name(), e)),
@@ -455,9 +468,12 @@ impl BrokerNode {
 
     /// Reads each target; waits up to `max_wait` until `min_bytes` are available in total
     /// (`min_bytes` 0 answers at once, as in Kafka).
+    ///
+    /// A filtered target that finds nothing moves on: the next pass reads from where the
+    /// filter got to, and every answer for it carries its `next_offset`.
     pub async fn fetch(
         &self,
-        targets: Vec<FetchTarget>,
+        mut targets: Vec<FetchTarget>,
         max_wait: Duration,
         min_bytes: usize,
         max_bytes: usize,
@@ -472,7 +488,16 @@ impl BrokerNode {
                 .filter_map(|t| self.partitions.get(&t.topic, t.partition))
                 .map(|lp| lp.subscribe())
                 .collect();
-            let results = self.read_all_fast(&targets, max_bytes).await;
+            let mut results = self.read_all_fast(&targets, max_bytes).await;
+            for (target, result) in targets.iter_mut().zip(&mut results) {
+                if let (Some(_), Ok(data)) = (&target.filter, result) {
+                    let next = data
+                        .next_offset
+                        .map_or(target.offset, |n| n.0.max(target.offset));
+                    data.next_offset = Some(Offset(next));
+                    target.offset = next;
+                }
+            }
             let total: usize = results
                 .iter()
                 .map(|r| r.as_ref().map_or(0, |d| d.records.len()))
@@ -627,6 +652,7 @@ impl BrokerNode {
                         high_watermark: local.log.high_watermark(),
                         log_start_offset: start,
                         log_end_offset: end,
+                        next_offset: None,
                     }
                 } else {
                     let (offset, max) = (Offset(t.fetch_offset), t.max_bytes.min(budget).max(1));
@@ -645,6 +671,7 @@ impl BrokerNode {
                                 high_watermark: local.log.high_watermark(),
                                 log_start_offset: start,
                                 log_end_offset: end,
+                                next_offset: None,
                             }
                         }
                         r => r.map_err(|e| BrokerError::from_log(&local.name(), e))?,

@@ -11,7 +11,7 @@ use serde_json::json;
 use super::client_args::{block_on, ClientArgs};
 use super::text::{headers_json, headers_table, json_bytes, table_text};
 use super::{CliError, OutputFormat};
-use crate::client::consumer::{Consumer, ConsumerRecord, StartAt};
+use crate::client::consumer::{Consumer, ConsumerFilter, ConsumerRecord, StartAt};
 use crate::client::group_consumer::{GroupConfig, GroupConsumer, OffsetReset};
 use crate::client::ClientError;
 
@@ -101,6 +101,14 @@ pub struct ConsumeArgs {
     /// (table output).
     #[arg(long)]
     print_headers: bool,
+    /// Only records with one of these tags: `TagA` or `'TagA || TagB'` (`*`: all). The
+    /// broker filters with its tag index; positions and commits move past the rest.
+    #[arg(long, value_name = "EXPR", conflicts_with = "filter_sql")]
+    filter_tag: Option<String>,
+    /// Only records whose properties (headers; `TAGS` is the tag) pass this SQL92
+    /// expression, e.g. `"region = 'eu' AND amount > 100"`.
+    #[arg(long, value_name = "EXPR")]
+    filter_sql: Option<String>,
     #[command(flatten)]
     client: ClientArgs,
 }
@@ -110,6 +118,15 @@ pub fn run(args: &ConsumeArgs) -> Result<(), CliError> {
     let bootstrap = args.client.addresses()?;
     let timeout = args.client.timeout();
     let output = args.client.output;
+    let filter = match (&args.filter_tag, &args.filter_sql) {
+        (Some(tag), _) => Some(ConsumerFilter::Tag(tag.clone())),
+        (None, Some(sql)) => Some(ConsumerFilter::Sql(sql.clone())),
+        (None, None) => None,
+    };
+    if let Some(f) = &filter {
+        // Refused before connecting: the error points at the problem.
+        f.check()?;
+    }
     block_on(async move {
         let mut source = match &args.group {
             Some(group) => Source::Group(GroupConsumer::new(
@@ -149,6 +166,10 @@ pub fn run(args: &ConsumeArgs) -> Result<(), CliError> {
                 Source::Assigned(consumer)
             }
         };
+        match &mut source {
+            Source::Assigned(c) => c.set_filter(filter)?,
+            Source::Group(g) => g.set_filter(filter)?,
+        }
         let idle_limit = args.timeout_ms.map(Duration::from_millis);
         let mut last_record = Instant::now();
         let mut printed = 0u64;

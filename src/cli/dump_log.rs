@@ -7,6 +7,8 @@
 //!   whole batch with a valid CRC starts, so everything readable after damage is listed.
 //! - `.index` / `.timeindex`: every entry, each checked against the segment's `.log`
 //!   when it is beside the index.
+//! - `.tagindex`: every entry with the tag the log holds at its offset, and every tagged
+//!   record of the log that has no entry (the index must hold exactly the tagged records).
 //!
 //! Exits non-zero when any file is damaged, after printing everything readable.
 
@@ -18,10 +20,12 @@ use base64::Engine;
 use serde_json::{json, Map, Value};
 
 use crate::partition::MAX_UNCOMPRESSED_BATCH_BYTES;
+use crate::record::tag::{tag_hash, tag_of};
 use crate::record::{BatchHeader, Record, RecordBatch};
 use crate::segment::{
     find_next_valid_batch, read_header_at, BatchScanner, ScanError, ScannedBatch, INDEX_SUFFIX,
-    LOG_SUFFIX, OFFSET_ENTRY_SIZE, TIME_ENTRY_SIZE, TIME_INDEX_SUFFIX,
+    LOG_SUFFIX, OFFSET_ENTRY_SIZE, TAG_ENTRY_SIZE, TAG_INDEX_SUFFIX, TIME_ENTRY_SIZE,
+    TIME_INDEX_SUFFIX,
 };
 
 use super::{CliError, OutputFormat};
@@ -29,7 +33,7 @@ use super::{CliError, OutputFormat};
 /// Arguments of `tidelog dump-log`.
 #[derive(Debug, clap::Args)]
 pub struct DumpLogArgs {
-    /// Segment files to decode: `.log`, `.index` or `.timeindex`.
+    /// Segment files to decode: `.log`, `.index`, `.timeindex` or `.tagindex`.
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
     /// Also decode and print every record of each batch.
@@ -50,9 +54,13 @@ pub fn run(args: &DumpLogArgs) -> Result<(), CliError> {
         let result = match kind {
             LOG_SUFFIX => dump_log_file(path, args, &mut out),
             INDEX_SUFFIX | TIME_INDEX_SUFFIX => dump_index_file(path, kind, args.output, &mut out),
+            TAG_INDEX_SUFFIX => dump_tag_index_file(path, args.output, &mut out),
             _ => Err(CliError::new(
                 "INVALID_ARGUMENT",
-                format!("{}: not a .log, .index or .timeindex file", path.display()),
+                format!(
+                    "{}: not a .log, .index, .timeindex or .tagindex file",
+                    path.display()
+                ),
             )),
         };
         match result {
@@ -465,4 +473,130 @@ fn dump_index_file(
         )?;
     }
     Ok(problems)
+}
+
+/// One tagged record as the log holds it: (position of its batch, tag hash, tag).
+type LoggedTag = (u64, u32, String);
+
+/// Dumps a `.tagindex`: every entry with the tag the log holds at its offset, then any
+/// tagged record of the log the index lacks. Both kinds of disagreement are reported.
+fn dump_tag_index_file(
+    path: &Path,
+    output: OutputFormat,
+    out: &mut impl Write,
+) -> Result<Vec<CliError>, CliError> {
+    let base = base_offset_of(path)?;
+    let bytes = std::fs::read(path).map_err(|e| {
+        CliError::new(
+            "INVALID_ARGUMENT",
+            format!("cannot read {}: {e}", path.display()),
+        )
+    })?;
+    let log_path = path.with_extension(LOG_SUFFIX);
+    // The tagged records of the log beside the index, by offset.
+    let logged: Option<std::collections::BTreeMap<u64, LoggedTag>> =
+        File::open(&log_path).ok().map(|log| {
+            let size = log.metadata().map_or(0, |m| m.len());
+            let mut found = std::collections::BTreeMap::new();
+            let mut scanner = BatchScanner::new(&log, 0, size, u64::MAX);
+            while let Ok(Some(b)) = scanner.next_batch() {
+                let _ = b.batch.for_each_record(MAX_UNCOMPRESSED_BATCH_BYTES, |r| {
+                    if let Some(tag) = tag_of(r.headers()) {
+                        found.insert(r.offset as u64, (b.position, tag_hash(tag), tag.to_owned()));
+                    }
+                    Ok(())
+                });
+            }
+            found
+        });
+    if output == OutputFormat::Table {
+        write_line(out, &format!("Dumping {}", path.display()))?;
+    }
+    let mut mismatches = 0usize;
+    let mut indexed = std::collections::BTreeSet::new();
+    let mut previous: Option<u64> = None;
+    for (slot, raw) in bytes.chunks_exact(TAG_ENTRY_SIZE).enumerate() {
+        let word = |at: usize| u32::from_be_bytes(raw[at..at + 4].try_into().expect("4 bytes"));
+        let (offset, position, hash) = (base + u64::from(word(0)), word(4), word(8));
+        if hash == 0 {
+            // The preallocated zeros of an active segment: no entry from here on.
+            break;
+        }
+        let increasing = previous.is_none_or(|p| offset > p);
+        previous = Some(offset);
+        indexed.insert(offset);
+        let mut map = Map::new();
+        map.insert("slot".into(), json!(slot));
+        map.insert("offset".into(), json!(offset));
+        map.insert("position".into(), json!(position));
+        map.insert("hash".into(), json!(format!("{hash:08x}")));
+        if let Some(logged) = &logged {
+            let at = logged.get(&offset);
+            let matches =
+                increasing && at.is_some_and(|(p, h, _)| *p == u64::from(position) && *h == hash);
+            if let Some((_, _, tag)) = at {
+                map.insert("tag".into(), json!(tag));
+            }
+            map.insert("matches_log".into(), Value::Bool(matches));
+            mismatches += usize::from(!matches);
+        }
+        print_entry(map, output, out)?;
+    }
+    let mut problems = Vec::new();
+    let missing: Vec<u64> = logged
+        .iter()
+        .flat_map(|l| l.keys())
+        .filter(|o| !indexed.contains(o))
+        .copied()
+        .collect();
+    for offset in &missing {
+        let mut map = Map::new();
+        map.insert("missing_offset".into(), json!(offset));
+        if let Some((_, _, tag)) = logged.as_ref().and_then(|l| l.get(offset)) {
+            map.insert("tag".into(), json!(tag));
+        }
+        print_entry(map, output, out)?;
+    }
+    if mismatches > 0 || !missing.is_empty() {
+        problems.push(CliError::new(
+            "CORRUPT_INDEX",
+            format!(
+                "{}: {mismatches} entries do not match {} and {} tagged records have no entry (a broker rebuilds such an index on startup)",
+                path.display(),
+                log_path.display(),
+                missing.len()
+            ),
+        ));
+    }
+    if bytes.len() % TAG_ENTRY_SIZE != 0 {
+        problems.push(CliError::new(
+            "CORRUPT_INDEX",
+            format!(
+                "{}: {} trailing bytes are not a whole entry",
+                path.display(),
+                bytes.len() % TAG_ENTRY_SIZE
+            ),
+        ));
+    }
+    if logged.is_none() && output == OutputFormat::Table {
+        write_line(
+            out,
+            &format!("({} not found: entries not checked)", log_path.display()),
+        )?;
+    }
+    Ok(problems)
+}
+
+fn print_entry(
+    map: Map<String, Value>,
+    output: OutputFormat,
+    out: &mut impl Write,
+) -> Result<(), CliError> {
+    match output {
+        OutputFormat::Json => write_line(out, &Value::Object(map).to_string()),
+        OutputFormat::Table => {
+            let text: Vec<String> = map.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+            write_line(out, &text.join(" "))
+        }
+    }
 }

@@ -12,8 +12,8 @@ use super::error::ClientError;
 use crate::api::broker_service::PARTITIONS_PER_REQUEST_MAX;
 use crate::api::proto::broker_client::BrokerClient;
 use crate::api::proto::{
-    FetchPartition, FetchRequest, FetchTopic, ListOffsetsPartition, ListOffsetsRequest,
-    ListOffsetsTopic,
+    record_filter, FetchPartition, FetchRequest, FetchTopic, ListOffsetsPartition,
+    ListOffsetsRequest, ListOffsetsTopic, RecordFilter,
 };
 use crate::api::status::code_of;
 use crate::error_code::ErrorCode;
@@ -76,6 +76,30 @@ pub struct Consumer {
     cluster: Cluster,
     positions: BTreeMap<(String, u32), i64>,
     max_bytes: u32,
+    filter: Option<RecordFilter>,
+}
+
+/// A server-side filter a consumer subscribes with ([`Consumer::set_filter`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConsumerFilter {
+    /// `*`, `TagA` or `TagA || TagB || ...`.
+    Tag(String),
+    /// A SQL92-style expression over properties, e.g. `region = 'eu' AND amount > 100`.
+    Sql(String),
+}
+
+impl ConsumerFilter {
+    /// Parses the expression as the broker will, so a bad one is refused before any
+    /// fetch, with [`ErrorCode::InvalidFilterExpression`] and a message naming the problem.
+    pub fn check(&self) -> Result<(), ClientError> {
+        let checked = match self {
+            ConsumerFilter::Tag(text) => crate::filter::TagFilter::parse(text).map(|_| ()),
+            ConsumerFilter::Sql(text) => crate::filter::SqlFilter::parse(text).map(|_| ()),
+        };
+        checked.map_err(|e| {
+            ClientError::new(ErrorCode::InvalidFilterExpression, format!("filter: {e}"))
+        })
+    }
 }
 
 impl Consumer {
@@ -85,7 +109,24 @@ impl Consumer {
             cluster: Cluster::new(bootstrap, timeout),
             positions: BTreeMap::new(),
             max_bytes: 8 * 1024 * 1024,
+            filter: None,
         }
+    }
+
+    /// Fetches only records that pass `filter` (`None`: every record). The broker skips
+    /// the others, and positions move past them, so a group's committed offsets and lag
+    /// do too. Refused (and nothing changed) when the expression does not parse.
+    pub fn set_filter(&mut self, filter: Option<ConsumerFilter>) -> Result<(), ClientError> {
+        if let Some(f) = &filter {
+            f.check()?;
+        }
+        self.filter = filter.map(|f| RecordFilter {
+            expression: Some(match f {
+                ConsumerFilter::Tag(t) => record_filter::Expression::Tag(t),
+                ConsumerFilter::Sql(s) => record_filter::Expression::Sql(s),
+            }),
+        });
+        Ok(())
     }
 
     /// Bounds each fetch response to about `bytes` (at least one batch is returned).
@@ -259,6 +300,7 @@ impl Consumer {
                 // Stored batches travel as they are and are decoded here: no per-record
                 // protobuf messages on either side.
                 raw_batches: true,
+                filter: self.filter.clone(),
             };
             tasks.spawn(async move {
                 BrokerClient::new(channel)
@@ -311,6 +353,10 @@ impl Consumer {
                             *pos = r.offset + 1;
                         }
                         out.push(ConsumerRecord::from_stored(t.topic.clone(), p.partition, r));
+                    }
+                    // Past records a filter skipped (0 from a broker that does not say).
+                    if let Some(pos) = self.positions.get_mut(&key) {
+                        *pos = (*pos).max(p.next_fetch_offset);
                     }
                 }
             }

@@ -20,7 +20,7 @@ use tokio::sync::Notify;
 use tonic::transport::Channel;
 
 use super::connection::Connection;
-use super::consumer::{Consumer, ConsumerRecord, StartAt};
+use super::consumer::{Consumer, ConsumerFilter, ConsumerRecord, StartAt};
 use super::error::ClientError;
 use crate::api::proto::groups_client::GroupsClient;
 use crate::api::proto::{
@@ -427,6 +427,12 @@ impl GroupConsumer {
         } else {
             self.shared.config.instance_id.clone()
         }
+    }
+
+    /// Fetches only records that pass `filter` ([`Consumer::set_filter`]); committed
+    /// offsets move past the records it skips, so the group's lag reaches 0.
+    pub fn set_filter(&mut self, filter: Option<ConsumerFilter>) -> Result<(), ClientError> {
+        self.consumer.set_filter(filter)
     }
 
     /// Reads the next records of the assigned partitions, waiting up to `max_wait`.

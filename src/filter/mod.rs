@@ -1,23 +1,73 @@
 //! Message filters, as RocketMQ offers them: tag expressions (`*`, `TagA || TagB`) and
 //! SQL92-style expressions over a record's properties (`region = 'eu' AND amount > 100`).
 //! Parsing refuses a bad expression with a message that points at the problem; matching
-//! is pure and cheap. [`tag_hash`] is the hash the per-segment tag index will store (not
-//! built yet: issue 15), so a fetch can skip records without decoding them.
+//! is pure and cheap. [`tag_hash`] is the hash the per-segment tag index stores, so a
+//! fetch can skip records without decoding them.
 
 pub mod sql;
 
 use std::collections::BTreeSet;
 
+use crate::record::tag::tag_of;
+use crate::record::RecordView;
+
 pub use sql::SqlFilter;
 
 /// Longest filter expression accepted (bytes).
 pub const EXPRESSION_BYTES_MAX: usize = 4096;
-pub use crate::record::tag::TAG_BYTES_MAX;
+pub use crate::record::tag::{tag_hash, TAG_BYTES_MAX};
 
 /// Why an expression was refused: what is wrong and where.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct FilterError(pub String);
+
+/// What a filtered fetch keeps: records whose tag passes a tag expression, or whose
+/// properties pass a SQL expression.
+#[derive(Debug, Clone)]
+pub enum RecordFilter {
+    /// A tag expression.
+    Tag(TagFilter),
+    /// A SQL92-style expression over properties (headers; `TAGS` is the tag).
+    Sql(SqlFilter),
+}
+
+/// The property name a SQL filter uses for the record's tag, as in RocketMQ.
+pub const TAGS_PROPERTY: &str = "TAGS";
+
+impl RecordFilter {
+    /// True when the filter keeps every record (`*`): a plain read serves it.
+    pub fn keeps_everything(&self) -> bool {
+        matches!(self, RecordFilter::Tag(TagFilter::All))
+    }
+
+    /// The tag hashes a tag-index scan looks for; `None` when records must be decoded
+    /// to decide (SQL) or every record passes.
+    pub fn tag_hashes(&self) -> Option<BTreeSet<u32>> {
+        match self {
+            RecordFilter::Tag(t) => t.hashes(),
+            RecordFilter::Sql(_) => None,
+        }
+    }
+
+    /// Whether a decoded record passes (exact: a tag-hash match is re-checked here).
+    pub fn matches(&self, record: &RecordView<'_>) -> bool {
+        match self {
+            RecordFilter::Tag(t) => t.matches(tag_of(record.headers())),
+            RecordFilter::Sql(sql) => sql.matches(|name| {
+                let header = record
+                    .headers()
+                    .filter(|(k, _)| *k == name)
+                    .last()
+                    .and_then(|(_, v)| std::str::from_utf8(v?).ok());
+                match header {
+                    None if name == TAGS_PROPERTY => tag_of(record.headers()),
+                    found => found,
+                }
+            }),
+        }
+    }
+}
 
 /// A tag expression: every record, or records whose tag is one of a set.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,15 +127,6 @@ impl TagFilter {
             TagFilter::All => None,
             TagFilter::AnyOf(tags) => Some(tags.iter().map(|t| tag_hash(t)).collect()),
         }
-    }
-}
-
-/// The hash of a tag stored in the tag index (CRC32C of its bytes; 0 is kept for
-/// "untagged", so a tag hashing to 0 is stored as 1).
-pub fn tag_hash(tag: &str) -> u32 {
-    match crc32c::crc32c(tag.as_bytes()) {
-        0 => 1,
-        h => h,
     }
 }
 

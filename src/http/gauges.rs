@@ -56,6 +56,10 @@ pub fn describe() {
         Unit::Seconds,
         "Time of one fsync pass over a partition's unflushed segments."
     );
+    describe_counter!(
+        "tidelog_filtered_read_bytes_total",
+        "Bytes of log that filtered fetches read (tag-index candidates, or every batch for SQL filters)."
+    );
     describe_gauge!(
         "tidelog_connections_active",
         "Open connections, per listener."

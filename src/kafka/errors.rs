@@ -63,6 +63,8 @@ pub fn kafka_error(code: ErrorCode) -> ResponseError {
         C::MemberIdRequired => K::MemberIdRequired,
         C::FencedInstanceId => K::FencedInstanceId,
         C::GroupSubscribedToTopic => K::GroupSubscribedToTopic,
+        // Kafka clients send no filters; the nearest kin if one ever shows.
+        C::InvalidFilterExpression => K::InvalidRequest,
     }
 }
 

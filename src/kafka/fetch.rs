@@ -116,6 +116,7 @@ impl KafkaHandler {
                     partition: p.partition as u32,
                     offset: p.fetch_offset as u64,
                     max_bytes: p.partition_max_bytes.max(1) as usize,
+                    filter: None,
                 });
             }
             topics.push((entry, slots));

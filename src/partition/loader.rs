@@ -39,7 +39,7 @@ use std::sync::Arc;
 
 use crate::segment::{
     remove_if_exists, segment_file, LogSegment, SegmentConfig, SegmentDamage, SegmentError,
-    DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX,
+    DELETED_SUFFIX, INDEX_SUFFIXES, LOG_SUFFIX,
 };
 use crate::topic_config::TopicConfig;
 use crate::types::{LeaderEpoch, Offset};
@@ -198,7 +198,7 @@ fn discover_segments(dir: &Path) -> Result<Vec<u64>, LogError> {
         };
         match suffix {
             LOG_SUFFIX => logs.push(base),
-            INDEX_SUFFIX | TIME_INDEX_SUFFIX => indexes.push((base, path)),
+            s if INDEX_SUFFIXES.contains(&s) => indexes.push((base, path)),
             _ => {}
         }
     }

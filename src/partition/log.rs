@@ -22,8 +22,11 @@ use super::group_commit::GroupCommit;
 use super::loader::{self, segment_config, DirLock, OffsetsCheckpoint, CLEAN_SHUTDOWN_FILE};
 use super::producer_state::{self, ProducerBatch, ProducerStateTable, SequenceCheck};
 use super::retention::{segments_to_delete, SegmentSummary};
+mod filtered;
+
 use super::validate::{validate_batches, BatchMeta};
 use super::LogError;
+use crate::record::tag::TagMark;
 
 /// Where the records of an append landed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,6 +88,9 @@ pub struct FetchData {
     pub log_start_offset: Offset,
     /// Log end offset when the read was planned.
     pub log_end_offset: Offset,
+    /// Set by filtered reads: where the next read continues (every record below it was
+    /// returned or filtered out). Plain reads continue after their last batch.
+    pub next_offset: Option<Offset>,
 }
 
 /// What one retention pass deleted.
@@ -642,10 +648,11 @@ impl PartitionLog {
     ) -> Result<(AppendInfo, Option<u64>), LogError> {
         let max_message_bytes = self.state.read().config.max_message_bytes;
         // CPU-heavy checks (CRC, decompression) before taking the write lock.
-        let metas = validate_batches(batches, max_message_bytes, true)?;
+        let validated = validate_batches(batches, max_message_bytes, true)?;
+        let metas = &validated.metas;
         let mut state = self.write_state();
         self.check_online(&state)?;
-        if let Some(duplicate) = Self::check_sequences(&state, &metas)? {
+        if let Some(duplicate) = Self::check_sequences(&state, metas)? {
             // A retry is acknowledged like the original: on disk first under sync mode.
             let sync = state.config.flush_mode == FlushMode::Sync;
             return Ok((duplicate, sync.then_some(duplicate.last_offset.0 + 1)));
@@ -653,7 +660,7 @@ impl PartitionLog {
         let first = state.log_end_offset();
         let mut next = first;
         let mut bases = Vec::with_capacity(metas.len());
-        for meta in &metas {
+        for meta in metas {
             let batch = &mut batches[meta.position..];
             set_base_offset(batch, next as i64);
             set_partition_leader_epoch(batch, leader_epoch.0);
@@ -663,7 +670,7 @@ impl PartitionLog {
         if state.epochs.assign(leader_epoch, Offset(first)) {
             self.persist_epochs_locked(&mut state)?;
         }
-        let info = self.write_locked(&mut state, batches, &metas, first, next)?;
+        let info = self.write_locked(&mut state, batches, metas, &validated.tags, first, next)?;
         for (meta, base) in metas.iter().zip(bases) {
             Self::record_producer(&mut state, meta, base);
         }
@@ -682,12 +689,13 @@ impl PartitionLog {
         let max_message_bytes = self.state.read().config.max_message_bytes;
         // A leader may hold batches above this follower's limit (config changed later):
         // copy them anyway rather than stall replication.
-        let metas = validate_batches(batches, max_message_bytes.max(1 << 30), false)?;
+        let validated = validate_batches(batches, max_message_bytes.max(1 << 30), false)?;
+        let metas = &validated.metas;
         let mut state = self.write_state();
         self.check_online(&state)?;
         let first = state.log_end_offset();
         let mut next = first;
-        for meta in &metas {
+        for meta in metas {
             if meta.base_offset != next {
                 return Err(LogError::NonContiguousAppend {
                     expected: next,
@@ -697,7 +705,7 @@ impl PartitionLog {
             next += meta.offset_span;
         }
         let mut epochs_changed = false;
-        for meta in &metas {
+        for meta in metas {
             epochs_changed |= state.epochs.assign(
                 LeaderEpoch(meta.partition_leader_epoch),
                 Offset(meta.base_offset),
@@ -706,8 +714,8 @@ impl PartitionLog {
         if epochs_changed {
             self.persist_epochs_locked(&mut state)?;
         }
-        let info = self.write_locked(&mut state, batches, &metas, first, next)?;
-        for meta in &metas {
+        let info = self.write_locked(&mut state, batches, metas, &validated.tags, first, next)?;
+        for meta in metas {
             Self::record_producer(&mut state, meta, meta.base_offset);
         }
         if let Some(target) = self.after_append(state, next) {
@@ -790,12 +798,15 @@ impl PartitionLog {
         );
     }
 
-    /// Rolls if needed and writes validated, numbered batches to the active segment.
+    /// Rolls if needed and writes validated, numbered batches (with their tagged records)
+    /// to the active segment. Batches whose tagged records overflow the active segment's
+    /// tag index start a new segment (in one request, only with very many tiny records).
     fn write_locked(
         &self,
         state: &mut LogState,
         data: &[u8],
         metas: &[BatchMeta],
+        tags: &[TagMark],
         first: u64,
         next: u64,
     ) -> Result<AppendInfo, LogError> {
@@ -804,14 +815,56 @@ impl PartitionLog {
         if self.should_roll(state, data.len() as u64, next - 1, max_timestamp) {
             self.roll_locked(state)?;
         }
-        if let Err(e) = state.active_mut().append(data) {
-            let error = LogError::from(e);
-            if error.is_no_space() {
-                self.warn_no_space(&error);
-            } else if matches!(error, LogError::Io { .. }) {
-                self.go_offline(state, &error);
+        let (mut batch_from, mut tag_from) = (0usize, 0usize);
+        while batch_from < metas.len() {
+            let (batch_to, tag_to) = tag_chunk(
+                tags,
+                batch_from,
+                tag_from,
+                metas.len(),
+                state.active().tag_room(),
+            );
+            if batch_to == batch_from {
+                if state.active().is_empty() {
+                    let n = tags[tag_from..]
+                        .iter()
+                        .take_while(|t| t.batch as usize == batch_from)
+                        .count();
+                    return Err(LogError::InvalidRecord {
+                        reason: format!(
+                            "batch {batch_from} holds {n} tagged records; a segment's tag index holds at most {} (segment.index.bytes / 12)",
+                            state.active().tag_room()
+                        ),
+                    });
+                }
+                self.roll_locked(state)?;
+                continue;
             }
-            return Err(error);
+            let start = metas[batch_from].position;
+            let end = metas.get(batch_to).map_or(data.len(), |m| m.position);
+            let chunk_tags: Vec<TagMark>;
+            let chunk_tags = if batch_from == 0 {
+                &tags[tag_from..tag_to]
+            } else {
+                chunk_tags = tags[tag_from..tag_to]
+                    .iter()
+                    .map(|t| TagMark {
+                        batch: t.batch - batch_from as u32,
+                        ..*t
+                    })
+                    .collect();
+                &chunk_tags
+            };
+            if let Err(e) = state.active_mut().append(&data[start..end], chunk_tags) {
+                let error = LogError::from(e);
+                if error.is_no_space() {
+                    self.warn_no_space(&error);
+                } else if matches!(error, LogError::Io { .. }) {
+                    self.go_offline(state, &error);
+                }
+                return Err(error);
+            }
+            (batch_from, tag_from) = (batch_to, tag_to);
         }
         state.unflushed_messages += record_count;
         Ok(AppendInfo {
@@ -1017,6 +1070,7 @@ impl PartitionLog {
             high_watermark: Offset(state.high_watermark),
             log_start_offset: Offset(state.log_start_offset),
             log_end_offset: Offset(state.log_end_offset()),
+            next_offset: None,
         })
     }
 
@@ -1041,6 +1095,7 @@ impl PartitionLog {
                 high_watermark: Offset(state.high_watermark),
                 log_start_offset: Offset(state.log_start_offset),
                 log_end_offset: Offset(log_end),
+                next_offset: None,
             };
             if offset < state.log_start_offset || offset > log_end {
                 return Err(LogError::OffsetOutOfRange {
@@ -1533,6 +1588,30 @@ impl PartitionLog {
         tracing::info!(partition = %self.name, log_end_offset = state.log_end_offset(), "partition closed cleanly");
         Ok(())
     }
+}
+
+/// The batches `[batch_from, batch_to)` (and their tags `[tag_from, tag_to)`) that fit
+/// `room` tag-index entries: the next chunk of an append.
+fn tag_chunk(
+    tags: &[TagMark],
+    batch_from: usize,
+    tag_from: usize,
+    batches: usize,
+    room: usize,
+) -> (usize, usize) {
+    let (mut batch_to, mut tag_to) = (batch_from, tag_from);
+    while batch_to < batches {
+        let n = tags[tag_to..]
+            .iter()
+            .take_while(|t| t.batch as usize == batch_to)
+            .count();
+        if tag_to + n - tag_from > room {
+            break;
+        }
+        tag_to += n;
+        batch_to += 1;
+    }
+    (batch_to, tag_to)
 }
 
 #[cfg(test)]

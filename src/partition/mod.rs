@@ -195,4 +195,6 @@ impl From<SegmentError> for LogError {
 }
 
 #[cfg(test)]
+mod filter_tests;
+#[cfg(test)]
 mod tests;

@@ -24,8 +24,8 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use crate::segment::{
-    read_at_most, remove_if_exists, segment_file, verify_batches, SegmentDamage, INDEX_SUFFIX,
-    LOG_SUFFIX, MAX_SEGMENT_BYTES, TIME_INDEX_SUFFIX,
+    read_at_most, remove_if_exists, segment_file, verify_batches, SegmentDamage, INDEX_SUFFIXES,
+    LOG_SUFFIX, MAX_SEGMENT_BYTES,
 };
 
 use super::checkpoint;
@@ -325,7 +325,7 @@ pub fn execute(plan: &RepairPlan) -> Result<RepairOutcome, LogError> {
                 outcome.removed.push(segment.file.clone());
             }
         }
-        for suffix in [INDEX_SUFFIX, TIME_INDEX_SUFFIX] {
+        for suffix in INDEX_SUFFIXES {
             let index = segment_file(dir, segment.base_offset, suffix);
             remove_if_exists(&index).map_err(io_err(&index))?;
         }

@@ -13,14 +13,12 @@
 //! control or transactional attribute (transactions are not supported yet), and no
 //! negative timestamp, in any record or in `max_timestamp`.
 
+use crate::record::tag::{record_tag_hash, TagMark};
 use crate::record::{peek_total_size, RecordBatch, RecordError, LOG_OVERHEAD};
 
 use super::LogError;
 
-/// Largest decompressed records block a reader of stored batches inflates (followers'
-/// validation, `dump-log`, decoded fetches, timestamp lookups). Client batches are held to
-/// the topic's `max.message.bytes` instead.
-pub const MAX_UNCOMPRESSED_BATCH_BYTES: usize = 64 << 20;
+pub use crate::record::MAX_UNCOMPRESSED_BATCH_BYTES;
 
 /// What validation learned about one batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,19 +43,30 @@ pub struct BatchMeta {
     pub base_sequence: i32,
 }
 
+/// What validation learned about a request's batches.
+#[derive(Debug, Default)]
+pub struct Validated {
+    /// One per batch, in order.
+    pub metas: Vec<BatchMeta>,
+    /// Every tagged record, for the segment's tag index (found while the records were
+    /// decoded for their checks anyway).
+    pub tags: Vec<TagMark>,
+}
+
 /// Validates every batch in `buf`. `from_client` adds the checks a leader applies to
 /// client batches (contiguous deltas from 0, no control batches).
 pub fn validate_batches(
     buf: &[u8],
     max_message_bytes: usize,
     from_client: bool,
-) -> Result<Vec<BatchMeta>, LogError> {
+) -> Result<Validated, LogError> {
     if buf.is_empty() {
         return Err(LogError::InvalidRecord {
             reason: "the request holds no record batch".into(),
         });
     }
     let mut metas = Vec::new();
+    let mut tags = Vec::new();
     let mut position = 0usize;
     while position < buf.len() {
         let rest = &buf[position..];
@@ -89,10 +98,18 @@ pub fn validate_batches(
         // rely on them (Kafka's -1 "no timestamp" is refused too; the records API leaves
         // timestamp_ms out to get the broker's clock).
         let mut negative_timestamp = None;
+        let base_offset = batch.header().base_offset;
         batch
             .for_each_record(uncompressed_limit, |r| {
                 if from_client && r.timestamp < 0 && negative_timestamp.is_none() {
-                    negative_timestamp = Some((r.offset - batch.header().base_offset, r.timestamp));
+                    negative_timestamp = Some((r.offset - base_offset, r.timestamp));
+                }
+                if let Some(hash) = record_tag_hash(&r) {
+                    tags.push(TagMark {
+                        batch: metas.len() as u32,
+                        offset_delta: (r.offset - base_offset) as u32,
+                        hash,
+                    });
                 }
                 Ok(())
             })
@@ -159,5 +176,5 @@ pub fn validate_batches(
         });
         position += size;
     }
-    Ok(metas)
+    Ok(Validated { metas, tags })
 }

@@ -13,6 +13,11 @@ mod builder;
 mod compression;
 mod record_codec;
 pub mod tag;
+
+/// Largest decompressed records block a reader of stored batches inflates (followers'
+/// validation, recovery's tag index, `dump-log`, decoded and filtered fetches, timestamp
+/// lookups). Client batches are held to the topic's `max.message.bytes` instead.
+pub const MAX_UNCOMPRESSED_BATCH_BYTES: usize = 64 << 20;
 pub mod varint;
 
 pub use batch::{

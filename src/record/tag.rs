@@ -38,6 +38,55 @@ pub fn tag_of<'a>(
         .filter(|t| check_tag(t).is_ok())
 }
 
+/// The hash of a tag kept in the per-segment tag index: CRC32C of its bytes, with 0
+/// reserved (a tag hashing to 0 is stored as 1), so an all-zero index entry is never valid.
+pub fn tag_hash(tag: &str) -> u32 {
+    match crc32c::crc32c(tag.as_bytes()) {
+        0 => 1,
+        h => h,
+    }
+}
+
+/// A tagged record found while validating a batch: which batch of the buffer, its offset
+/// delta in that batch, and its tag's [`tag_hash`]. The segment turns these into tag-index
+/// entries once the batch has its offsets and position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TagMark {
+    /// Index of the batch in the appended buffer.
+    pub batch: u32,
+    /// Offset delta of the record in its batch.
+    pub offset_delta: u32,
+    /// [`tag_hash`] of its tag.
+    pub hash: u32,
+}
+
+/// The tag hash of a decoded record, if it carries a valid tag.
+pub fn record_tag_hash(record: &super::RecordView<'_>) -> Option<u32> {
+    tag_of(record.headers()).map(tag_hash)
+}
+
+/// Appends a [`TagMark`] (as batch `batch`) for every tagged record of `batch`: the
+/// records are decoded (decompressed if need be, up to `max_uncompressed_bytes`).
+pub fn collect_tag_marks(
+    batch: &super::RecordBatch<'_>,
+    index: u32,
+    max_uncompressed_bytes: usize,
+    out: &mut Vec<TagMark>,
+) -> Result<(), super::RecordError> {
+    let base = batch.header().base_offset;
+    batch.for_each_record(max_uncompressed_bytes, |r| {
+        if let Some(hash) = record_tag_hash(&r) {
+            out.push(TagMark {
+                batch: index,
+                offset_delta: (r.offset - base) as u32,
+                hash,
+            });
+        }
+        Ok(())
+    })?;
+    Ok(())
+}
+
 /// Takes the tag out of a stored record's headers: the tag, and the headers without the
 /// tag header (kept when it holds no valid tag, so nothing is lost).
 pub fn split_tag(headers: Vec<super::Header>) -> (Option<String>, Vec<super::Header>) {

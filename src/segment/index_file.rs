@@ -79,6 +79,11 @@ impl IndexFile {
         self.entries
     }
 
+    /// Entries the mapping has room for.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
     /// True when no entry fits anymore.
     pub fn is_full(&self) -> bool {
         self.entries >= self.capacity

@@ -1,11 +1,13 @@
-//! One segment: a `.log` file with its `.index` and `.timeindex`, named by base offset.
+//! One segment: a `.log` file with its `.index`, `.timeindex` and `.tagindex`, named by
+//! base offset.
 //!
 //! Invariants, checked on append and re-established by recovery:
 //! - batches are contiguous: the first starts at the base offset, each next one at the
 //!   previous one's last offset + 1;
 //! - every offset is below `base_offset + 2^32` and every position below 2^31, so both
 //!   fit the indexes' 32-bit relative fields;
-//! - index entries only point at batch starts and strictly increase.
+//! - index entries only point at batch starts and strictly increase;
+//! - the tag index holds exactly the segment's tagged records.
 //!
 //! Segments know nothing of roll or retention policy; the partition decides those.
 
@@ -14,11 +16,15 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::record::{BatchHeader, BatchIter, HEADER_LEN};
+use crate::record::tag::{collect_tag_marks, TagMark};
+use crate::record::{
+    BatchHeader, BatchIter, RecordBatch, HEADER_LEN, MAX_UNCOMPRESSED_BATCH_BYTES,
+};
 
 use super::log_file::{read_at_most_with, LogFile};
 use super::offset_index::{OffsetIndex, OffsetPosition};
 use super::scan::{read_header_at_with, verify_batches, BatchScanner, ScanError, SegmentDamage};
+use super::tag_index::{TagEntry, TagIndex};
 use super::time_index::TimeIndex;
 use super::SegmentError;
 
@@ -28,6 +34,10 @@ pub const LOG_SUFFIX: &str = "log";
 pub const INDEX_SUFFIX: &str = "index";
 /// Suffix of a segment's time index.
 pub const TIME_INDEX_SUFFIX: &str = "timeindex";
+/// Suffix of a segment's tag index.
+pub const TAG_INDEX_SUFFIX: &str = "tagindex";
+/// Suffixes of every index file a segment keeps beside its `.log`.
+pub const INDEX_SUFFIXES: [&str; 3] = [INDEX_SUFFIX, TIME_INDEX_SUFFIX, TAG_INDEX_SUFFIX];
 /// Suffix added to files scheduled for deletion.
 pub const DELETED_SUFFIX: &str = "deleted";
 /// Largest batch a scan accepts: anything bigger cannot have been written by us.
@@ -76,6 +86,7 @@ pub struct LogSegment {
     log: LogFile,
     offset_index: OffsetIndex,
     time_index: TimeIndex,
+    tag_index: TagIndex,
     config: SegmentConfig,
     bytes_since_index_entry: u64,
     next_offset: u64,
@@ -93,7 +104,7 @@ impl LogSegment {
         base_offset: u64,
         config: SegmentConfig,
     ) -> Result<Self, SegmentError> {
-        for suffix in [LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX] {
+        for suffix in std::iter::once(LOG_SUFFIX).chain(INDEX_SUFFIXES) {
             let path = segment_file(dir, base_offset, suffix);
             super::index_file::remove_if_exists(&path).map_err(|e| SegmentError::io(&path, e))?;
         }
@@ -117,11 +128,15 @@ impl LogSegment {
                 .map_err(|e| SegmentError::io(&index_path, e))?;
         let time_index = TimeIndex::open(&time_path, base_offset, config.index_max_bytes, active)
             .map_err(|e| SegmentError::io(&time_path, e))?;
+        let tag_path = segment_file(dir, base_offset, TAG_INDEX_SUFFIX);
+        let tag_index = TagIndex::open(&tag_path, base_offset, config.index_max_bytes, active)
+            .map_err(|e| SegmentError::io(&tag_path, e))?;
         Ok(Self {
             base_offset,
             log,
             offset_index,
             time_index,
+            tag_index,
             config,
             bytes_since_index_entry: 0,
             next_offset: base_offset,
@@ -195,15 +210,35 @@ impl LogSegment {
         self.offset_index.is_full() || self.time_index.is_full()
     }
 
+    /// Tagged records the tag index still has room for: an append with more must go to a
+    /// new segment.
+    pub fn tag_room(&self) -> usize {
+        self.tag_index.room()
+    }
+
+    /// The tag index entries from the first record at or after `offset`.
+    pub fn tag_entries_from(&self, offset: u64) -> impl Iterator<Item = TagEntry> + '_ {
+        let first = self.tag_index.first_slot_at_or_after(offset);
+        (first..self.tag_index.entries()).map(|slot| self.tag_index.entry(slot))
+    }
+
     /// True when a batch ending at `last_offset` still fits the 32-bit relative offsets.
     pub fn can_hold_offset(&self, last_offset: u64) -> bool {
         last_offset >= self.base_offset && last_offset - self.base_offset <= u64::from(u32::MAX)
     }
 
     /// Appends batches that the caller validated and numbered; `data` holds whole batches
-    /// whose first starts at [`LogSegment::next_offset`].
-    pub fn append(&mut self, data: &[u8]) -> Result<(), SegmentError> {
+    /// whose first starts at [`LogSegment::next_offset`], and `tags` every tagged record
+    /// among them (in order; at most [`LogSegment::tag_room`]).
+    pub fn append(&mut self, data: &[u8], tags: &[TagMark]) -> Result<(), SegmentError> {
         let start = self.log.size();
+        if tags.len() > self.tag_index.room() {
+            return Err(SegmentError::InvalidAppend(format!(
+                "{} tagged records do not fit the tag index's room for {}",
+                tags.len(),
+                self.tag_index.room()
+            )));
+        }
         if start + data.len() as u64 > MAX_SEGMENT_BYTES {
             return Err(SegmentError::SegmentFull {
                 path: self.log.path().to_path_buf(),
@@ -236,10 +271,62 @@ impl LogSegment {
             }
             return Err(SegmentError::io(self.log.path(), e));
         }
+        let mut positions = Vec::with_capacity(headers.len());
         let mut position = start;
         for h in &headers {
-            self.track_batch(position, h);
+            positions.push(position);
             position += h.total_size() as u64;
+        }
+        let tags_before = self.tag_index.entries();
+        for mark in tags {
+            let batch = mark.batch as usize;
+            let (Some(h), Some(&position)) = (headers.get(batch), positions.get(batch)) else {
+                return Err(SegmentError::InvalidAppend(format!(
+                    "a tag names batch {batch} of {}",
+                    headers.len()
+                )));
+            };
+            let entry = TagEntry {
+                offset: h.base_offset as u64 + u64::from(mark.offset_delta),
+                position: position as u32,
+                hash: mark.hash,
+            };
+            if let Err(e) = self.tag_index.append(entry) {
+                // A full disk: undo the write so the log and its tag index still agree.
+                self.tag_index.file_mut().truncate_entries(tags_before);
+                if let Err(cut) = self.log.truncate_to(start) {
+                    return Err(SegmentError::io(self.log.path(), cut));
+                }
+                return Err(SegmentError::io(self.tag_index.file().path(), e));
+            }
+        }
+        for (h, &position) in headers.iter().zip(&positions) {
+            self.track_batch(position, h);
+        }
+        Ok(())
+    }
+
+    /// Adds the tag-index entries of a stored batch at `position` (recovery, rebuilds),
+    /// growing the index if a smaller `index_max_bytes` than the writer's left no room.
+    fn index_tags_of(&mut self, position: u64, batch: &RecordBatch<'_>) -> io::Result<()> {
+        let mut marks = Vec::new();
+        if let Err(e) = collect_tag_marks(batch, 0, MAX_UNCOMPRESSED_BATCH_BYTES, &mut marks) {
+            // CRC-valid but undecodable records cannot have been accepted by validation.
+            tracing::warn!(path = %self.log.path().display(), position, error = %e, "records of a stored batch do not decode; its tags are not indexed");
+            return Ok(());
+        }
+        let base = batch.header().base_offset as u64;
+        for mark in marks {
+            if self.tag_index.room() == 0 {
+                let grown = (self.tag_index.entries() * 2).max(1024);
+                self.tag_index
+                    .resize(grown * super::tag_index::TAG_ENTRY_SIZE)?;
+            }
+            self.tag_index.append(TagEntry {
+                offset: base + u64::from(mark.offset_delta),
+                position: position as u32,
+                hash: mark.hash,
+            })?;
         }
         Ok(())
     }
@@ -290,11 +377,30 @@ impl LogSegment {
         if !index_ok {
             return self.rebuild_indexes().map(|_| true);
         }
-        self.scan_tail()?;
-        if self.time_index.sanity_check(self.next_offset).is_err() {
+        let tail_tags = self.scan_tail()?;
+        if self.time_index.sanity_check(self.next_offset).is_err() || !self.tag_index_ok(&tail_tags)
+        {
             return self.rebuild_indexes().map(|_| true);
         }
         Ok(false)
+    }
+
+    /// Whether the tag index passes its checks and agrees with the log's tail (the batches
+    /// [`LogSegment::scan_tail`] just read, whose tagged records are `tail_tags`).
+    fn tag_index_ok(&self, tail_tags: &[TagEntry]) -> bool {
+        if let Err(why) = self
+            .tag_index
+            .sanity_check(self.log.size(), self.next_offset)
+        {
+            tracing::warn!(path = %self.log.path().display(), %why, "tag index failed its check");
+            return false;
+        }
+        let tail_start = self
+            .offset_index
+            .last_entry()
+            .map_or(self.base_offset, |e| e.offset);
+        let indexed: Vec<TagEntry> = self.tag_entries_from(tail_start).collect();
+        indexed == tail_tags
     }
 
     /// Rebuilds both indexes by scanning (and CRC-checking) the whole log; fails with
@@ -311,8 +417,8 @@ impl LogSegment {
     }
 
     /// Recomputes next offset, max timestamp and index spacing from the last index entry to
-    /// the end of the log.
-    fn scan_tail(&mut self) -> Result<(), SegmentError> {
+    /// the end of the log; returns the tagged records found there.
+    fn scan_tail(&mut self) -> Result<Vec<TagEntry>, SegmentError> {
         let from = self.offset_index.last_entry().unwrap_or(OffsetPosition {
             offset: self.base_offset,
             position: 0,
@@ -339,6 +445,7 @@ impl LogSegment {
             MAX_SCAN_BATCH_BYTES,
         );
         let mut first = from.position > 0;
+        let mut tail_tags = Vec::new();
         loop {
             let batch = scanner.next_batch().map_err(|e| self.scan_error(e))?;
             let Some(batch) = batch else { break };
@@ -367,10 +474,19 @@ impl LogSegment {
                 self.first_batch_timestamp = Some(h.max_timestamp);
                 first = true;
             }
+            let mut marks = Vec::new();
+            if collect_tag_marks(&batch.batch, 0, MAX_UNCOMPRESSED_BATCH_BYTES, &mut marks).is_ok()
+            {
+                tail_tags.extend(marks.iter().map(|m| TagEntry {
+                    offset: h.base_offset as u64 + u64::from(m.offset_delta),
+                    position: batch.position as u32,
+                    hash: m.hash,
+                }));
+            }
             self.bytes_since_index_entry += h.total_size() as u64;
             self.next_offset = h.next_offset() as u64;
         }
-        Ok(())
+        Ok(tail_tags)
     }
 
     fn scan_error(&self, e: ScanError) -> SegmentError {
@@ -419,6 +535,7 @@ impl LogSegment {
         self.unseal()?;
         self.offset_index.reset();
         self.time_index.reset();
+        self.tag_index.reset();
         self.bytes_since_index_entry = 0;
         self.next_offset = self.base_offset;
         self.max_timestamp = -1;
@@ -427,6 +544,7 @@ impl LogSegment {
         let file = self.log_handle()?;
         let size = self.log.size();
         let offset_limit = self.base_offset.saturating_add(u64::from(u32::MAX) + 1);
+        let mut tag_error = None;
         let verified = verify_batches(
             &file,
             0,
@@ -437,6 +555,9 @@ impl LogSegment {
             &mut |position, batch| {
                 let h = *batch.header();
                 visit(&h);
+                if tag_error.is_none() {
+                    tag_error = self.index_tags_of(position, batch).err();
+                }
                 self.track_batch(position, &h);
             },
         )
@@ -447,6 +568,9 @@ impl LogSegment {
             ),
             other => self.scan_error(other),
         })?;
+        if let Some(e) = tag_error {
+            return Err(SegmentError::io(self.tag_index.file().path(), e));
+        }
         Ok(RecoveryOutcome {
             batches: verified.batches,
             valid_prefix_end: verified.valid_prefix_end,
@@ -602,6 +726,8 @@ impl LogSegment {
             .truncate_to_position(location.position as u32);
         self.time_index
             .truncate_to(location.header.base_offset as u64);
+        self.tag_index
+            .truncate_to(location.header.base_offset as u64);
         self.scan_tail()?;
         // Make the shortened files durable before anything is appended after them.
         self.flush_all()?;
@@ -623,6 +749,11 @@ impl LogSegment {
         self.time_index
             .trim()
             .map_err(|e| SegmentError::io(&path, e))?;
+        // Trimming writes the entries to disk: a sealed segment's tag index is as durable
+        // as its log once the log is flushed (the tag index cannot be rebuilt lazily).
+        self.tag_index
+            .trim()
+            .map_err(|e| SegmentError::io(&path, e))?;
         Ok(())
     }
 
@@ -634,6 +765,13 @@ impl LogSegment {
             .map_err(|e| SegmentError::io(&path, e))?;
         self.time_index
             .resize(self.config.index_max_bytes)
+            .map_err(|e| SegmentError::io(&path, e))?;
+        let tag_bytes = self
+            .config
+            .index_max_bytes
+            .max(self.tag_index.entries() * super::tag_index::TAG_ENTRY_SIZE);
+        self.tag_index
+            .resize(tag_bytes)
             .map_err(|e| SegmentError::io(&path, e))
     }
 
@@ -653,10 +791,13 @@ impl LogSegment {
             .map_err(|e| SegmentError::io(path, e))?;
         self.time_index
             .flush()
+            .map_err(|e| SegmentError::io(path, e))?;
+        self.tag_index
+            .flush()
             .map_err(|e| SegmentError::io(path, e))
     }
 
-    /// Renames all three files with the `.deleted` suffix (the first step of a delete).
+    /// Renames all four files with the `.deleted` suffix (the first step of a delete).
     pub fn mark_deleted(&mut self) -> Result<(), SegmentError> {
         let with_suffix = |p: &Path| PathBuf::from(format!("{}.{DELETED_SUFFIX}", p.display()));
         let log_to = with_suffix(self.log.path());
@@ -672,6 +813,10 @@ impl LogSegment {
         let time_to = with_suffix(time.path());
         time.rename(&time_to)
             .map_err(|e| SegmentError::io(&time_to, e))?;
+        let tags = self.tag_index.file_mut();
+        let tags_to = with_suffix(tags.path());
+        tags.rename(&tags_to)
+            .map_err(|e| SegmentError::io(&tags_to, e))?;
         Ok(())
     }
 
@@ -686,6 +831,9 @@ impl LogSegment {
             .map_err(|e| SegmentError::io(index.path(), e))?;
         let mut time_index = self.time_index;
         let time = time_index.file_mut();
-        time.delete().map_err(|e| SegmentError::io(time.path(), e))
+        time.delete()
+            .map_err(|e| SegmentError::io(time.path(), e))?;
+        let tags = self.tag_index.file();
+        tags.delete().map_err(|e| SegmentError::io(tags.path(), e))
     }
 }

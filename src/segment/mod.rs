@@ -1,5 +1,6 @@
-//! One segment of a partition's log: the `.log` file of record batches and its sparse
-//! `.index` (offset -> position) and `.timeindex` (timestamp -> offset).
+//! One segment of a partition's log: the `.log` file of record batches, its sparse
+//! `.index` (offset -> position) and `.timeindex` (timestamp -> offset), and its dense
+//! `.tagindex` (tagged record -> batch position and tag hash).
 //!
 //! Synchronous std I/O only: no async runtime, no network. Byte layouts are documented on
 //! each type and in `docs/storage-format.md`. Indexes are hints: they are checked when
@@ -12,6 +13,7 @@ pub(crate) use log_file::fail_next_append;
 mod log_segment;
 mod offset_index;
 mod scan;
+mod tag_index;
 mod time_index;
 
 use std::io;
@@ -21,13 +23,15 @@ pub use index_file::remove_if_exists;
 pub use log_file::{read_at_most, read_at_most_with, read_vec_at_most, LogFile};
 pub use log_segment::{
     segment_file, BatchLocation, LogSegment, RecoveryOutcome, SegmentConfig, DELETED_SUFFIX,
-    INDEX_SUFFIX, LOG_SUFFIX, MAX_SEGMENT_BYTES, TIME_INDEX_SUFFIX,
+    INDEX_SUFFIX, INDEX_SUFFIXES, LOG_SUFFIX, MAX_SEGMENT_BYTES, TAG_INDEX_SUFFIX,
+    TIME_INDEX_SUFFIX,
 };
 pub use offset_index::{OffsetIndex, OffsetPosition, OFFSET_ENTRY_SIZE};
 pub use scan::{
     find_next_valid_batch, read_header_at, verify_batches, BatchScanner, ScanError, ScannedBatch,
     SegmentDamage, VerifiedRange, MAX_DAMAGED_RANGES,
 };
+pub use tag_index::{TagEntry, TagIndex, TAG_ENTRY_SIZE};
 pub use time_index::{TimeIndex, TimestampOffset, TIME_ENTRY_SIZE};
 
 /// Why a segment operation failed.
