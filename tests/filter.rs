@@ -25,7 +25,7 @@ fn tag_of(i: usize) -> String {
     format!("T{}", i % 10)
 }
 fn region_of(i: usize) -> &'static str {
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         "eu"
     } else {
         "us"

@@ -19,7 +19,7 @@ use serde_json::json;
 use super::client_args::{block_on, ClientArgs};
 use super::produce::parse_acks;
 use super::{CliError, OutputFormat};
-use crate::client::consumer::{Consumer, StartAt};
+use crate::client::consumer::{Consumer, ConsumerFilter, StartAt};
 use crate::client::group_consumer::{GroupConfig, GroupConsumer, OffsetReset};
 use crate::client::groups::GroupsAdmin;
 use crate::client::producer::{Producer, ProducerConfig, ProducerRecord, RecordFuture};
@@ -69,6 +69,9 @@ enum PerfCommand {
         /// Batch compression: none, gzip, snappy, lz4 or zstd.
         #[arg(long, default_value = "none")]
         compression: String,
+        /// Tag record i with `T{i % N}` (0: no tags), for measuring filtered consumption.
+        #[arg(long, default_value_t = 0)]
+        tags: u64,
     },
     /// Consume records from the beginning and measure throughput; stops after
     /// --num-records, or when every partition read is at its end.
@@ -87,6 +90,12 @@ enum PerfCommand {
         /// read until the last record: for group members whose share is not known.
         #[arg(long)]
         idle_ms: Option<u64>,
+        /// Only records with these tags (`T1 || T2`); --num-records counts matches.
+        #[arg(long, value_name = "EXPR", conflicts_with = "filter_sql")]
+        filter_tag: Option<String>,
+        /// Only records passing this SQL92 expression over properties.
+        #[arg(long, value_name = "EXPR")]
+        filter_sql: Option<String>,
     },
 }
 
@@ -104,6 +113,7 @@ pub fn run(args: &PerfArgs) -> Result<(), CliError> {
             batch_size,
             linger_ms,
             compression,
+            tags,
         } => {
             let compression = Compression::from_name(compression).ok_or_else(|| {
                 CliError::new(
@@ -127,7 +137,7 @@ pub fn run(args: &PerfArgs) -> Result<(), CliError> {
                 topic,
                 *num_records,
                 *record_size,
-                *throughput,
+                (*throughput, *tags),
                 output,
             ))?
         }
@@ -136,14 +146,26 @@ pub fn run(args: &PerfArgs) -> Result<(), CliError> {
             num_records,
             group,
             idle_ms,
-        } => block_on(consume(
-            bootstrap,
-            args.client.timeout(),
-            topic,
-            (*num_records, idle_ms.map(Duration::from_millis)),
-            group.clone(),
-            output,
-        ))?,
+            filter_tag,
+            filter_sql,
+        } => {
+            let filter = match (filter_tag, filter_sql) {
+                (Some(t), _) => Some(ConsumerFilter::Tag(t.clone())),
+                (None, Some(s)) => Some(ConsumerFilter::Sql(s.clone())),
+                (None, None) => None,
+            };
+            if let Some(f) = &filter {
+                f.check()?;
+            }
+            block_on(consume(
+                bootstrap,
+                args.client.timeout(),
+                topic,
+                (*num_records, idle_ms.map(Duration::from_millis)),
+                (group.clone(), filter),
+                output,
+            ))?
+        }
     }
 }
 
@@ -218,10 +240,11 @@ async fn produce(
     topic: &str,
     num_records: u64,
     record_size: usize,
-    throughput: i64,
+    (throughput, tags): (i64, u64),
     output: OutputFormat,
 ) -> Result<(), CliError> {
     let producer = Producer::new(bootstrap, config);
+    let tag_names: Vec<String> = (0..tags).map(|t| format!("T{t}")).collect();
     // A bad topic fails here, with its own code, before anything is measured.
     producer.partitions_for(topic).await?;
     let value = Bytes::from(
@@ -256,6 +279,7 @@ async fn produce(
             .send(ProducerRecord {
                 topic: topic.to_owned(),
                 value: Some(value.clone()),
+                tag: (tags > 0).then(|| tag_names[(i % tags) as usize].clone()),
                 ..Default::default()
             })
             .await;
@@ -399,7 +423,7 @@ async fn consume(
     timeout: Duration,
     topic: &str,
     (num_records, idle): (u64, Option<Duration>),
-    group: Option<String>,
+    (group, filter): (Option<String>, Option<ConsumerFilter>),
     output: OutputFormat,
 ) -> Result<(), CliError> {
     // Offsets are looked up with a plain consumer in both modes.
@@ -441,6 +465,10 @@ async fn consume(
             PerfSource::Assigned(consumer)
         }
     };
+    match &mut source {
+        PerfSource::Assigned(c) => c.set_filter(filter)?,
+        PerfSource::Group(g) => g.set_filter(filter)?,
+    }
     let cpu_start = cpu_seconds();
     let start = Instant::now();
     let (mut records, mut bytes) = (0u64, 0u64);
