@@ -671,3 +671,95 @@ async fn a_member_cannot_commit_a_partition_it_gave_up() {
     assert_eq!(code_of(&err), ErrorCode::FencedMemberEpoch, "{err:?}");
     assert_eq!(committed(&mut groups).await, 50);
 }
+
+/// Rack-aware assignment: 3 brokers in racks a, b, c; a 6-partition topic with one replica
+/// per partition; 3 members in racks a, b, c with `--strategy rack-aware`: each member
+/// holds exactly the partitions whose replica lives in its rack. (Range would give member
+/// i partitions 2i and 2i+1, whatever their racks.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rack_aware_members_get_the_partitions_of_their_rack() {
+    let c = BrokerCluster::build_in_racks(1, 3, &[], false, &["a", "b", "c"]);
+    let bootstrap = c.bootstrap().join(",");
+    let admin = AdminClient::new(c.bootstrap(), Duration::from_secs(20));
+    eventually("the topic is created", Duration::from_secs(30), || async {
+        admin
+            .create_topic("racked", Some(6), Some(1), Default::default())
+            .await
+            .ok()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut members = BTreeMap::new();
+    for rack in ["a", "b", "c"] {
+        let m = Member::start(
+            dir.path(),
+            rack,
+            &bootstrap,
+            &[
+                "--topic",
+                "racked",
+                "--group",
+                "ra",
+                "--strategy",
+                "rack-aware",
+                "--rack",
+                rack,
+                "--timeout-ms",
+                "60000",
+            ],
+        );
+        members.insert(format!("tidelog-consume-{}", m.child.id()), rack);
+    }
+    let (ok, out, err) = cli(&[
+        "topics", "describe", "--topic", "racked", "--bootstrap", &bootstrap, "--output", "json",
+    ]);
+    assert!(ok, "{err}");
+    let d: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let rack_of_broker = |b: i64| ["a", "b", "c"][b as usize - 1];
+    let partition_rack: BTreeMap<u64, &str> = d["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["partition"].as_u64().unwrap(),
+                rack_of_broker(p["replicas"][0].as_i64().unwrap()),
+            )
+        })
+        .collect();
+    let per_rack: BTreeMap<&str, usize> = partition_rack.values().fold(BTreeMap::new(), |mut m, r| {
+        *m.entry(*r).or_default() += 1;
+        m
+    });
+    assert_eq!(per_rack.values().copied().collect::<Vec<_>>(), [2, 2, 2], "placement spreads racks");
+    let assignment = eventually("three members, stable", Duration::from_secs(40), || async {
+        let d = try_describe(&bootstrap, "ra")?;
+        let list = d["members"].as_array()?;
+        if d["state"] != "stable" || list.len() != 3 {
+            return None;
+        }
+        let mut out: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
+        for m in list {
+            let parts: BTreeSet<u64> = m["assignment"]
+                .as_array()?
+                .iter()
+                .flat_map(|t| t["partitions"].as_array().cloned().unwrap_or_default())
+                .filter_map(|p| p.as_u64())
+                .collect();
+            out.insert(m["client_id"].as_str()?.to_owned(), parts);
+        }
+        (out.values().map(BTreeSet::len).sum::<usize>() == 6).then_some(out)
+    })
+    .await;
+    for (client, parts) in &assignment {
+        let rack = members[client];
+        for p in parts {
+            assert_eq!(
+                partition_rack[p], rack,
+                "member in rack {rack} got partition {p} of rack {}",
+                partition_rack[p]
+            );
+        }
+        assert_eq!(parts.len(), 2, "{assignment:?}");
+    }
+}

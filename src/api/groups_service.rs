@@ -225,6 +225,7 @@ impl Groups for GroupsService {
                 broadcast: r.broadcast,
                 session_timeout_ms: r.session_timeout_ms,
                 owned: Some(to_set(&r.owned)),
+                rack: Some(r.rack),
             })
             .await
             .map_err(status)?;

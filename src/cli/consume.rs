@@ -61,9 +61,13 @@ pub struct ConsumeArgs {
     /// only applies to partitions without a committed offset).
     #[arg(long)]
     group: Option<String>,
-    /// With --group: range, round-robin, sticky or consistent-hash.
+    /// With --group: range, round-robin, sticky, consistent-hash or rack-aware.
     #[arg(long, default_value = "range", requires = "group")]
     strategy: String,
+    /// With --group: this member's rack (client.rack); `--strategy rack-aware` gives it
+    /// the partitions with a replica in this rack first.
+    #[arg(long, requires = "group")]
+    rack: Option<String>,
     /// With --group: every member reads every partition (offsets kept per --instance-id).
     #[arg(long, requires = "group")]
     broadcast: bool,
@@ -146,6 +150,7 @@ pub fn run(args: &ConsumeArgs) -> Result<(), CliError> {
                     } else {
                         OffsetReset::Latest
                     },
+                    rack: args.rack.clone(),
                     ..GroupConfig::default()
                 },
             )),

@@ -52,7 +52,7 @@ pub struct GroupConfig {
     pub topics: Vec<String>,
     /// A pattern: topics whose whole name matches are subscribed too.
     pub topic_regex: Option<String>,
-    /// range, round-robin, sticky or consistent-hash.
+    /// range, round-robin, sticky, consistent-hash or rack-aware.
     pub strategy: String,
     /// Every member reads every partition; offsets are kept per `instance_id`.
     pub broadcast: bool,
@@ -68,6 +68,9 @@ pub struct GroupConfig {
     pub auto_commit_interval: Duration,
     /// Start of partitions without a committed offset.
     pub auto_offset_reset: OffsetReset,
+    /// This member's rack (Kafka's `client.rack`): the rack-aware strategy gives it the
+    /// partitions with a replica in this rack first.
+    pub rack: Option<String>,
 }
 
 impl Default for GroupConfig {
@@ -84,6 +87,7 @@ impl Default for GroupConfig {
             auto_commit: true,
             auto_commit_interval: Duration::from_secs(5),
             auto_offset_reset: OffsetReset::Latest,
+            rack: None,
         }
     }
 }
@@ -169,6 +173,7 @@ impl Shared {
             broadcast: self.config.broadcast,
             session_timeout_ms: self.config.session_timeout.as_millis() as u32,
             owned: to_list(&owned),
+            rack: self.config.rack.clone().unwrap_or_default(),
         };
         let outcome = async {
             let mut client = self.coordinator().await?;

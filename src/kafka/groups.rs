@@ -734,6 +734,7 @@ impl KafkaHandler {
             broadcast: false,
             session_timeout_ms: 0,
             owned,
+            rack: r.rack_id.map(|x| x.to_string()),
         };
         match self.groups.coordinator().heartbeat(hb).await {
             Err(e) => failed(group_code(&group, &e), e.message),

@@ -515,6 +515,8 @@ pub struct BrokerCluster {
     pub brokers: Vec<Option<Proc>>,
     /// Per broker: the proxy its controller links go through, when it has one.
     pub links: Vec<Option<LinkProxy>>,
+    /// Per broker: its `--rack` (empty: none given).
+    pub racks: Vec<String>,
 }
 
 /// Broker session timings for tests: fencing within seconds.
@@ -537,6 +539,17 @@ impl BrokerCluster {
     /// `controllers` controllers and brokers 1..=n; with `proxied`, every broker reaches
     /// the controllers through its own [`LinkProxy`] (needs a Tokio runtime).
     pub fn build(controllers: usize, n: usize, env: &[(&str, &str)], proxied: bool) -> Self {
+        Self::build_in_racks(controllers, n, env, proxied, &[])
+    }
+
+    /// [`BrokerCluster::build`] with broker `i + 1` in rack `racks[i]`.
+    pub fn build_in_racks(
+        controllers: usize,
+        n: usize,
+        env: &[(&str, &str)],
+        proxied: bool,
+        racks: &[&str],
+    ) -> Self {
         let envs: Vec<(&str, &str)> = SESSION.iter().chain(env.iter()).copied().collect();
         let controllers = Controllers::start(controllers, &envs);
         let links = (0..n)
@@ -560,6 +573,7 @@ impl BrokerCluster {
             kafka_ports: ports[2 * n..].to_vec(),
             brokers: (0..n).map(|_| None).collect(),
             links,
+            racks: racks.iter().map(|r| r.to_string()).collect(),
             extra_env: env
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -646,6 +660,9 @@ impl BrokerCluster {
         args.extend(self.secret_args());
         args.extend(["--http-listen".into(), self.broker_http_address(id)]);
         args.extend(["--kafka-listen".into(), self.broker_kafka_address(id)]);
+        if let Some(rack) = self.racks.get(id as usize - 1) {
+            args.extend(["--rack".into(), rack.clone()]);
+        }
         self.brokers[id as usize - 1] =
             Some(Proc::start("broker", &args, &self.envs(), self.dir.path()));
     }

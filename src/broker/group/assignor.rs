@@ -1,5 +1,5 @@
 //! Server-side partition assignment strategies (pure functions): range, round-robin,
-//! sticky and consistent-hash. Broadcast groups do not use them (every member gets every
+//! sticky, consistent-hash and rack-aware. Broadcast groups do not use them (every member gets every
 //! partition).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -21,6 +21,9 @@ pub enum Strategy {
     Sticky,
     /// Partitions on a hash ring of members: a member leaving moves only its partitions.
     ConsistentHash,
+    /// Each member first gets partitions with a replica in its rack, then the rest are
+    /// spread evenly (RocketMQ's same-machine-room strategy).
+    RackAware,
 }
 
 impl Strategy {
@@ -31,6 +34,7 @@ impl Strategy {
             Strategy::RoundRobin => "round-robin",
             Strategy::Sticky => "sticky",
             Strategy::ConsistentHash => "consistent-hash",
+            Strategy::RackAware => "rack-aware",
         }
     }
 }
@@ -49,8 +53,9 @@ impl FromStr for Strategy {
             "round-robin" | "roundrobin" => Ok(Strategy::RoundRobin),
             "sticky" => Ok(Strategy::Sticky),
             "consistent-hash" => Ok(Strategy::ConsistentHash),
+            "rack-aware" => Ok(Strategy::RackAware),
             other => Err(format!(
-                "unknown assignment strategy '{other}': use range, round-robin, sticky or consistent-hash"
+                "unknown assignment strategy '{other}': use range, round-robin, sticky, consistent-hash or rack-aware"
             )),
         }
     }
@@ -65,7 +70,12 @@ pub struct MemberSpec {
     pub topics: BTreeSet<String>,
     /// What it holds now (sticky keeps it where it can).
     pub owned: BTreeSet<TopicPartition>,
+    /// Its rack, if it declared one (rack-aware).
+    pub rack: Option<String>,
 }
+
+/// The racks holding a replica of each partition (rack-aware; others ignore it).
+pub type ReplicaRacks = BTreeMap<TopicPartition, BTreeSet<String>>;
 
 /// Assigns the partitions of `topics` (name → partition count) to `members`; every
 /// partition of a subscribed topic goes to exactly one member subscribed to it. Returns
@@ -74,6 +84,7 @@ pub fn assign(
     strategy: Strategy,
     members: &[MemberSpec],
     topics: &BTreeMap<String, u32>,
+    racks: &ReplicaRacks,
 ) -> BTreeMap<String, BTreeSet<TopicPartition>> {
     let mut sorted: Vec<&MemberSpec> = members.iter().collect();
     sorted.sort_by(|a, b| a.key.cmp(&b.key));
@@ -86,8 +97,67 @@ pub fn assign(
         Strategy::RoundRobin => round_robin(&sorted, topics, &mut out),
         Strategy::Sticky => sticky(&sorted, topics, &mut out),
         Strategy::ConsistentHash => consistent_hash(&sorted, topics, &mut out),
+        Strategy::RackAware => rack_aware(&sorted, topics, racks, &mut out),
     }
     out
+}
+
+/// Rack-aware: as even as round-robin (members get `n / members` partitions, and
+/// `n % members` of them one more), and within that, every partition that has a replica
+/// in a subscribed member's rack goes to such a member when one has room. Partitions are placed scarcest first (those with
+/// the fewest same-rack members), each to the least-loaded same-rack member; what is left
+/// goes to the least-loaded subscriber.
+fn rack_aware(
+    members: &[&MemberSpec],
+    topics: &BTreeMap<String, u32>,
+    racks: &ReplicaRacks,
+    out: &mut BTreeMap<String, BTreeSet<TopicPartition>>,
+) {
+    let partitions = all_partitions(members, topics);
+    if members.is_empty() {
+        return;
+    }
+    let (base, mut extra) = (partitions.len() / members.len(), partitions.len() % members.len());
+    let local = |tp: &TopicPartition, m: &MemberSpec| {
+        m.topics.contains(&tp.0)
+            && m.rack
+                .as_ref()
+                .is_some_and(|r| racks.get(tp).is_some_and(|rs| rs.contains(r)))
+    };
+    let mut order: Vec<(usize, &TopicPartition)> = partitions
+        .iter()
+        .map(|tp| (members.iter().filter(|m| local(tp, m)).count(), tp))
+        .collect();
+    order.sort_by_key(|(n, tp)| (*n == 0, *n, (*tp).clone()));
+    let mut left = Vec::new();
+    for (_, tp) in order {
+        let target = members
+            .iter()
+            .filter(|m| {
+                let held = out[&m.key].len();
+                local(tp, m) && (held < base || (held == base && extra > 0))
+            })
+            .min_by_key(|m| (out[&m.key].len(), m.key.clone()));
+        match target {
+            Some(m) => {
+                let set = out.get_mut(&m.key).expect("entry");
+                if set.len() == base {
+                    extra -= 1;
+                }
+                set.insert(tp.clone());
+            }
+            None => left.push(tp),
+        }
+    }
+    for tp in left {
+        let target = members
+            .iter()
+            .filter(|m| m.topics.contains(&tp.0))
+            .min_by_key(|m| (out[&m.key].len(), m.key.clone()));
+        if let Some(m) = target {
+            out.get_mut(&m.key).expect("entry").insert(tp.clone());
+        }
+    }
 }
 
 fn subscribers<'a>(members: &[&'a MemberSpec], topic: &str) -> Vec<&'a MemberSpec> {
@@ -247,6 +317,7 @@ mod tests {
             key: key.to_owned(),
             topics: topics.iter().map(|t| t.to_string()).collect(),
             owned: owned.iter().map(|(t, p)| (t.to_string(), *p)).collect(),
+            rack: None,
         }
     }
 
@@ -261,7 +332,7 @@ mod tests {
     #[test]
     fn range_gives_contiguous_ranges_per_topic() {
         let m = [member("a", &["t", "u"], &[]), member("b", &["t", "u"], &[])];
-        let a = assign(Strategy::Range, &m, &topics(&[("t", 3), ("u", 2)]));
+        let a = assign(Strategy::Range, &m, &topics(&[("t", 3), ("u", 2)]), &ReplicaRacks::new());
         assert_eq!(parts(&a, "a"), ["t-0", "t-1", "u-0"]);
         assert_eq!(parts(&a, "b"), ["t-2", "u-1"]);
     }
@@ -273,7 +344,7 @@ mod tests {
             member("b", &["t", "u"], &[]),
             member("c", &["u"], &[]),
         ];
-        let a = assign(Strategy::RoundRobin, &m, &topics(&[("t", 3), ("u", 2)]));
+        let a = assign(Strategy::RoundRobin, &m, &topics(&[("t", 3), ("u", 2)]), &ReplicaRacks::new());
         assert_eq!(parts(&a, "a"), ["t-0", "t-2"]);
         assert_eq!(parts(&a, "b"), ["t-1", "u-0"]);
         assert_eq!(parts(&a, "c"), ["u-1"]);
@@ -289,8 +360,9 @@ mod tests {
             Strategy::RoundRobin,
             Strategy::Sticky,
             Strategy::ConsistentHash,
+            Strategy::RackAware,
         ] {
-            let a = assign(s, &m, &topics(&[("t", 2)]));
+            let a = assign(s, &m, &topics(&[("t", 2)]), &ReplicaRacks::new());
             assert_eq!(a.values().map(BTreeSet::len).sum::<usize>(), 2, "{s}");
             assert!(a.values().all(|v| v.len() <= 2), "{s}");
         }
@@ -306,8 +378,7 @@ mod tests {
                 member("b", &["t"], &[]),
                 member("c", &["t"], &[]),
             ],
-            &t,
-        );
+            &t, &ReplicaRacks::new());
         // c leaves: a and b keep theirs and split c's.
         let owned = |k: &str| -> Vec<(&str, u32)> {
             before[k].iter().map(|(t, p)| (t.as_str(), *p)).collect()
@@ -318,8 +389,7 @@ mod tests {
                 member("a", &["t"], &owned("a")),
                 member("b", &["t"], &owned("b")),
             ],
-            &t,
-        );
+            &t, &ReplicaRacks::new());
         assert!(before["a"].is_subset(&after["a"]));
         assert!(before["b"].is_subset(&after["b"]));
         assert_eq!(after["a"].len() + after["b"].len(), 6);
@@ -334,8 +404,7 @@ mod tests {
                 member("b", &["t"], &owned_b),
                 member("d", &["t"], &[]),
             ],
-            &t,
-        );
+            &t, &ReplicaRacks::new());
         assert_eq!(joined["d"].len(), 2);
         assert!(joined["a"].is_subset(&after["a"]));
         assert!(joined["b"].is_subset(&after["b"]));
@@ -347,15 +416,50 @@ mod tests {
         let all: Vec<MemberSpec> = (0..4)
             .map(|i| member(&format!("m{i}"), &["t"], &[]))
             .collect();
-        let before = assign(Strategy::ConsistentHash, &all, &t);
+        let before = assign(Strategy::ConsistentHash, &all, &t, &ReplicaRacks::new());
         assert!(
             before.values().all(|v| !v.is_empty()),
             "every member gets some"
         );
-        let after = assign(Strategy::ConsistentHash, &all[..3], &t);
+        let after = assign(Strategy::ConsistentHash, &all[..3], &t, &ReplicaRacks::new());
         for k in ["m0", "m1", "m2"] {
             assert!(before[k].is_subset(&after[k]), "{k} kept its partitions");
         }
+    }
+
+    #[test]
+    fn rack_aware_gives_each_member_its_racks_partitions() {
+        let t = topics(&[("t", 6)]);
+        // Partition p lives in rack p % 3 only (replication factor 1).
+        let racks: ReplicaRacks = (0..6)
+            .map(|p| (("t".to_owned(), p), [format!("{}", ["a", "b", "c"][p as usize % 3])].into()))
+            .collect();
+        let m: Vec<MemberSpec> = ["a", "b", "c"]
+            .iter()
+            .map(|r| MemberSpec {
+                rack: Some((*r).to_owned()),
+                ..member(&format!("m-{r}"), &["t"], &[])
+            })
+            .collect();
+        let a = assign(Strategy::RackAware, &m, &t, &racks);
+        assert_eq!(parts(&a, "m-a"), ["t-0", "t-3"]);
+        assert_eq!(parts(&a, "m-b"), ["t-1", "t-4"]);
+        assert_eq!(parts(&a, "m-c"), ["t-2", "t-5"]);
+        // Two members in rack a, none in c: a's partitions stay in a, the rest spread.
+        let m2 = [
+            MemberSpec { rack: Some("a".into()), ..member("x", &["t"], &[]) },
+            MemberSpec { rack: Some("a".into()), ..member("y", &["t"], &[]) },
+            MemberSpec { rack: Some("b".into()), ..member("z", &["t"], &[]) },
+        ];
+        let a = assign(Strategy::RackAware, &m2, &t, &racks);
+        assert!(a.values().all(|s| s.len() == 2), "{a:?}");
+        let in_a: BTreeSet<u32> = a["x"].iter().chain(&a["y"]).map(|(_, p)| *p).collect();
+        assert!(in_a.contains(&0) && in_a.contains(&3), "{a:?}");
+        assert!(a["z"].contains(&("t".to_owned(), 1)) && a["z"].contains(&("t".to_owned(), 4)), "{a:?}");
+        // No racks at all: still balanced.
+        let plain: Vec<MemberSpec> = (0..4).map(|i| member(&format!("m{i}"), &["t"], &[])).collect();
+        let a = assign(Strategy::RackAware, &plain, &t, &racks);
+        assert!(a.values().all(|s| (1..=2).contains(&s.len())), "{a:?}");
     }
 
     proptest! {
@@ -365,7 +469,7 @@ mod tests {
         fn every_partition_exactly_once(
             members in 1usize..7,
             counts in proptest::collection::vec(1u32..9, 1..4),
-            strategy in 0usize..4,
+            strategy in 0usize..5,
             owned_seed in proptest::collection::vec((0usize..4, 0u32..9), 0..12),
         ) {
             let names: Vec<String> = (0..counts.len()).map(|i| format!("t{i}")).collect();
@@ -379,10 +483,16 @@ mod tests {
                         .filter(|(m, _)| *m == i)
                         .map(|(_, p)| (names[0].clone(), *p))
                         .collect(),
+                    rack: Some(format!("r{}", i % 3)),
                 })
                 .collect();
-            let strategy = [Strategy::Range, Strategy::RoundRobin, Strategy::Sticky, Strategy::ConsistentHash][strategy];
-            let a = assign(strategy, &specs, &t);
+            let strategy = [Strategy::Range, Strategy::RoundRobin, Strategy::Sticky, Strategy::ConsistentHash, Strategy::RackAware][strategy];
+            // Partition p of every topic has its replicas in racks r{p % 4} and r{(p + 1) % 4}.
+            let racks: ReplicaRacks = t
+                .iter()
+                .flat_map(|(name, n)| (0..*n).map(move |p| ((name.clone(), p), [format!("r{}", p % 4), format!("r{}", (p + 1) % 4)].into())))
+                .collect();
+            let a = assign(strategy, &specs, &t, &racks);
             let mut seen = BTreeSet::new();
             for set in a.values() {
                 for tp in set {
@@ -391,7 +501,7 @@ mod tests {
             }
             let total: u32 = counts.iter().sum();
             prop_assert_eq!(seen.len() as u32, total);
-            if matches!(strategy, Strategy::RoundRobin | Strategy::Sticky) {
+            if matches!(strategy, Strategy::RoundRobin | Strategy::Sticky | Strategy::RackAware) {
                 let sizes: Vec<usize> = a.values().map(BTreeSet::len).collect();
                 prop_assert!(sizes.iter().max().unwrap() - sizes.iter().min().unwrap() <= 1, "{:?}", sizes);
             }

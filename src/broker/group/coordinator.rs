@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::{oneshot, Mutex};
 
-use super::assignor::{Strategy, TopicPartition};
+use super::assignor::{ReplicaRacks, Strategy, TopicPartition};
 use super::classic::{self, ClassicGroup, JoinAnswer, JoinRequest, Reply};
 use super::offsets::{self, OffsetKey, OffsetValue, OFFSETS_TOPIC};
 use super::state::{GroupState, Member};
@@ -176,6 +176,8 @@ pub struct Heartbeat {
     pub session_timeout_ms: u32,
     /// Partitions held (`None`: unchanged since the last heartbeat).
     pub owned: Option<BTreeSet<TopicPartition>>,
+    /// The member's rack, empty for none (`None`: unchanged).
+    pub rack: Option<String>,
 }
 
 /// The answer to a heartbeat.
@@ -402,7 +404,9 @@ impl GroupCoordinator {
     }
 
     /// The subscribed topics of `state`'s members with their partition counts.
-    fn subscribed_topics(&self, state: &GroupState) -> BTreeMap<String, u32> {
+    /// The topics the group's members subscribe to, with partition counts, and the racks
+    /// of each of their partitions' replicas.
+    fn subscribed_topics(&self, state: &GroupState) -> (BTreeMap<String, u32>, ReplicaRacks) {
         let patterns: Vec<regex::Regex> = state
             .members
             .values()
@@ -410,7 +414,7 @@ impl GroupCoordinator {
             .filter_map(|r| regex::Regex::new(&format!("^(?:{r})$")).ok())
             .collect();
         self.node.metadata().read(|image| {
-            image
+            let subscribed: Vec<_> = image
                 .topics
                 .values()
                 .filter(|t| t.name != OFFSETS_TOPIC)
@@ -418,8 +422,25 @@ impl GroupCoordinator {
                     state.members.values().any(|m| m.topics.contains(&t.name))
                         || patterns.iter().any(|p| p.is_match(&t.name))
                 })
+                .collect();
+            let mut racks = ReplicaRacks::new();
+            if state.strategy == Strategy::RackAware {
+                for t in &subscribed {
+                    for p in &t.partitions {
+                        let of_replicas = p
+                            .replicas
+                            .iter()
+                            .filter_map(|b| image.brokers.get(b)?.rack.clone())
+                            .collect();
+                        racks.insert((t.name.clone(), p.partition), of_replicas);
+                    }
+                }
+            }
+            let topics = subscribed
+                .iter()
                 .map(|t| (t.name.clone(), t.partitions.len() as u32))
-                .collect()
+                .collect();
+            (topics, racks)
         })
     }
 
@@ -538,6 +559,7 @@ impl GroupCoordinator {
                     regex: None,
                     owned: BTreeSet::new(),
                     assignment: BTreeSet::new(),
+                    rack: None,
                     session_timeout: session,
                     last_seen: Instant::now(),
                 },
@@ -575,9 +597,14 @@ impl GroupCoordinator {
             Some(r) => (!r.is_empty()).then_some(r),
             None => member.regex.clone(),
         };
-        let changed = member.topics != topics || member.regex != regex;
+        let rack = match hb.rack {
+            Some(r) => (!r.is_empty()).then_some(r),
+            None => member.rack.clone(),
+        };
+        let changed = member.topics != topics || member.regex != regex || member.rack != rack;
         member.topics = topics;
         member.regex = regex;
+        member.rack = rack;
         let owned = hb.owned.unwrap_or_else(|| member.owned.clone());
         member.report_owned(joining, owned);
         member.session_timeout = session;
@@ -585,8 +612,8 @@ impl GroupCoordinator {
         if changed {
             state.bump();
         }
-        let subscribed = self.subscribed_topics(state);
-        state.set_topics(subscribed);
+        let (subscribed, racks) = self.subscribed_topics(state);
+        state.set_topics(subscribed, racks);
         let assignment = state.reconcile(&member_id);
         let member_epoch = state.members[&member_id].epoch;
         // A member still converging on its target asks again soon (its partitions may be

@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use super::assignor::{assign, MemberSpec, Strategy, TopicPartition};
+use super::assignor::{assign, MemberSpec, ReplicaRacks, Strategy, TopicPartition};
 
 /// A member of a group.
 #[derive(Debug, Clone)]
@@ -32,6 +32,8 @@ pub struct Member {
     pub owned: BTreeSet<TopicPartition>,
     /// What it was told to hold at its last heartbeat.
     pub assignment: BTreeSet<TopicPartition>,
+    /// Its rack (client.rack), for the rack-aware strategy.
+    pub rack: Option<String>,
     /// Session timeout.
     pub session_timeout: Duration,
     /// Its last heartbeat.
@@ -81,6 +83,8 @@ pub struct GroupState {
     pub members: BTreeMap<String, Member>,
     /// The subscribed topics and their partition counts the target was computed for.
     pub topics: BTreeMap<String, u32>,
+    /// The racks of each subscribed partition's replicas (used by rack-aware).
+    pub racks: ReplicaRacks,
     /// The target assignment by member key, for `target_epoch`.
     pub target: BTreeMap<String, BTreeSet<TopicPartition>>,
     /// The group epoch `target` belongs to.
@@ -95,6 +99,7 @@ impl Default for GroupState {
             epoch: 0,
             members: BTreeMap::new(),
             topics: BTreeMap::new(),
+            racks: ReplicaRacks::new(),
             target: BTreeMap::new(),
             target_epoch: -1,
         }
@@ -146,10 +151,16 @@ impl GroupState {
 
     /// Takes in the subscribed topics' partition counts (`topics`, computed by the caller
     /// from the members' subscriptions); bumps the epoch when they changed.
-    pub fn set_topics(&mut self, topics: BTreeMap<String, u32>) {
+    pub fn set_topics(&mut self, topics: BTreeMap<String, u32>, racks: ReplicaRacks) {
         if topics != self.topics {
             self.topics = topics;
             self.bump();
+        }
+        if racks != self.racks {
+            self.racks = racks;
+            if self.strategy == Strategy::RackAware {
+                self.bump();
+            }
         }
     }
 
@@ -165,6 +176,7 @@ impl GroupState {
                 key: m.key(),
                 topics: self.member_topics(m),
                 owned: m.owned.clone(),
+                rack: m.rack.clone(),
             })
             .collect();
         self.target = if self.broadcast {
@@ -181,7 +193,7 @@ impl GroupState {
                 })
                 .collect()
         } else {
-            assign(self.strategy, &specs, &self.topics)
+            assign(self.strategy, &specs, &self.topics, &self.racks)
         };
         self.target_epoch = self.epoch;
     }
@@ -274,6 +286,7 @@ mod tests {
             regex: None,
             owned: BTreeSet::new(),
             assignment: BTreeSet::new(),
+            rack: None,
             session_timeout: Duration::from_secs(10),
             last_seen: Instant::now(),
         }
@@ -295,7 +308,7 @@ mod tests {
         let mut g = GroupState::default();
         g.members.insert("a".into(), member("a"));
         g.bump();
-        g.set_topics([("t".to_owned(), 4)].into());
+        g.set_topics([("t".to_owned(), 4)].into(), ReplicaRacks::new());
         assert_eq!(heartbeat(&mut g, "a"), tps(&[0, 1, 2, 3]));
         assert_eq!(g.members["a"].epoch, g.epoch);
         // b joins: the target splits 2/2, but b gets nothing while a still holds them.
@@ -319,7 +332,7 @@ mod tests {
     fn a_partition_just_handed_out_is_not_handed_out_again() {
         let mut g = GroupState::default();
         g.members.insert("a".into(), member("a"));
-        g.set_topics([("t".to_owned(), 2)].into());
+        g.set_topics([("t".to_owned(), 2)].into(), ReplicaRacks::new());
         // a is told to take both but has not answered yet (it reports nothing held).
         assert_eq!(g.reconcile("a"), tps(&[0, 1]));
         g.members.insert("b".into(), member("b"));
@@ -341,7 +354,7 @@ mod tests {
         old.last_seen = Instant::now() - Duration::from_secs(1);
         g.members.insert("a".into(), old);
         g.members.insert("b".into(), member("b"));
-        g.set_topics([("t".to_owned(), 2)].into());
+        g.set_topics([("t".to_owned(), 2)].into(), ReplicaRacks::new());
         heartbeat(&mut g, "a");
         heartbeat(&mut g, "b");
         assert_eq!(g.expire(Instant::now()), vec!["a".to_owned()]);
@@ -357,7 +370,7 @@ mod tests {
         for id in ["a", "b", "c"] {
             g.members.insert(id.into(), member(id));
         }
-        g.set_topics([("t".to_owned(), 3)].into());
+        g.set_topics([("t".to_owned(), 3)].into(), ReplicaRacks::new());
         for id in ["a", "b", "c"] {
             assert_eq!(heartbeat(&mut g, id), tps(&[0, 1, 2]));
         }
@@ -371,7 +384,7 @@ mod tests {
         m.topics.clear();
         m.regex = Some("orders-.*".into());
         g.members.insert("a".into(), m);
-        g.set_topics([("orders-eu".to_owned(), 1), ("users".to_owned(), 1)].into());
+        g.set_topics([("orders-eu".to_owned(), 1), ("users".to_owned(), 1)].into(), ReplicaRacks::new());
         let a = heartbeat(&mut g, "a");
         assert_eq!(a, [("orders-eu".to_owned(), 0)].into());
     }
