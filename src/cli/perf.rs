@@ -69,9 +69,14 @@ enum PerfCommand {
         /// Batch compression: none, gzip, snappy, lz4 or zstd.
         #[arg(long, default_value = "none")]
         compression: String,
-        /// Tag record i with `T{i % N}` (0: no tags), for measuring filtered consumption.
+        /// Tag record i with `T{(i / R) % N}` (0: no tags; R is --tag-run), for measuring
+        /// filtered consumption.
         #[arg(long, default_value_t = 0)]
         tags: u64,
+        /// Consecutive records sharing a tag (1: tags round-robin, so every batch holds
+        /// every tag; larger: batches of one tag, as when producers tag by source).
+        #[arg(long, default_value_t = 1)]
+        tag_run: u64,
     },
     /// Consume records from the beginning and measure throughput; stops after
     /// --num-records, or when every partition read is at its end.
@@ -114,6 +119,7 @@ pub fn run(args: &PerfArgs) -> Result<(), CliError> {
             linger_ms,
             compression,
             tags,
+            tag_run,
         } => {
             let compression = Compression::from_name(compression).ok_or_else(|| {
                 CliError::new(
@@ -137,7 +143,7 @@ pub fn run(args: &PerfArgs) -> Result<(), CliError> {
                 topic,
                 *num_records,
                 *record_size,
-                (*throughput, *tags),
+                (*throughput, (*tags, (*tag_run).max(1))),
                 output,
             ))?
         }
@@ -240,7 +246,7 @@ async fn produce(
     topic: &str,
     num_records: u64,
     record_size: usize,
-    (throughput, tags): (i64, u64),
+    (throughput, (tags, tag_run)): (i64, (u64, u64)),
     output: OutputFormat,
 ) -> Result<(), CliError> {
     let producer = Producer::new(bootstrap, config);
@@ -279,7 +285,7 @@ async fn produce(
             .send(ProducerRecord {
                 topic: topic.to_owned(),
                 value: Some(value.clone()),
-                tag: (tags > 0).then(|| tag_names[(i % tags) as usize].clone()),
+                tag: (tags > 0).then(|| tag_names[((i / tag_run) % tags) as usize].clone()),
                 ..Default::default()
             })
             .await;
