@@ -711,7 +711,14 @@ async fn rack_aware_members_get_the_partitions_of_their_rack() {
         members.insert(format!("tidelog-consume-{}", m.child.id()), rack);
     }
     let (ok, out, err) = cli(&[
-        "topics", "describe", "--topic", "racked", "--bootstrap", &bootstrap, "--output", "json",
+        "topics",
+        "describe",
+        "--topic",
+        "racked",
+        "--bootstrap",
+        &bootstrap,
+        "--output",
+        "json",
     ]);
     assert!(ok, "{err}");
     let d: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -727,11 +734,16 @@ async fn rack_aware_members_get_the_partitions_of_their_rack() {
             )
         })
         .collect();
-    let per_rack: BTreeMap<&str, usize> = partition_rack.values().fold(BTreeMap::new(), |mut m, r| {
-        *m.entry(*r).or_default() += 1;
-        m
-    });
-    assert_eq!(per_rack.values().copied().collect::<Vec<_>>(), [2, 2, 2], "placement spreads racks");
+    let per_rack: BTreeMap<&str, usize> =
+        partition_rack.values().fold(BTreeMap::new(), |mut m, r| {
+            *m.entry(*r).or_default() += 1;
+            m
+        });
+    assert_eq!(
+        per_rack.values().copied().collect::<Vec<_>>(),
+        [2, 2, 2],
+        "placement spreads racks"
+    );
     let assignment = eventually("three members, stable", Duration::from_secs(40), || async {
         let d = try_describe(&bootstrap, "ra")?;
         let list = d["members"].as_array()?;

@@ -495,7 +495,11 @@ impl BrokerNode {
                         .next_offset
                         .map_or(target.offset, |n| n.0.max(target.offset));
                     data.next_offset = Some(Offset(next));
-                    target.offset = next;
+                    // Only a pass that found nothing moves on: records found are answered
+                    // (a later pass would read past them).
+                    if data.records.is_empty() {
+                        target.offset = next;
+                    }
                 }
             }
             let total: usize = results

@@ -211,14 +211,18 @@ fn a_filtered_read_stops_at_the_high_watermark_and_skips_untagged_ranges() {
 /// index that lost its last entries.
 #[test]
 fn the_tag_index_is_rebuilt_when_lost_damaged_or_short() {
-    let records: Vec<Rec> = (0..120)
-        .map(|i| Rec {
-            tag: (i % 4 != 3).then(|| ["A", "B", "C"][i % 3].to_owned()),
-            region: "eu",
-        })
-        .collect();
-    let want = expected(&records, |r| r.tag.as_deref() == Some("B"));
     for damage in ["delete", "zeros", "short", "crash"] {
+        // For "delete", the last records are untagged: a missing file must be noticed as
+        // missing, not by the tail check. (A file that lost entries before the tail is not
+        // detected: see docs/storage-format.md.)
+        let untagged_from = if damage == "delete" { 100 } else { 120 };
+        let records: Vec<Rec> = (0..120)
+            .map(|i| Rec {
+                tag: (i % 4 != 3 && i < untagged_from).then(|| ["A", "B", "C"][i % 3].to_owned()),
+                region: "eu",
+            })
+            .collect();
+        let want = expected(&records, |r| r.tag.as_deref() == Some("B"));
         for small in [false, true] {
             let dir = tempfile::tempdir().unwrap();
             let log = open(dir.path(), config(small));

@@ -27,6 +27,7 @@ mod filtered;
 use super::validate::{validate_batches, BatchMeta};
 use super::LogError;
 use crate::record::tag::TagMark;
+use crate::segment::TAG_ENTRY_SIZE;
 
 /// Where the records of an append landed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -650,6 +651,22 @@ impl PartitionLog {
         // CPU-heavy checks (CRC, decompression) before taking the write lock.
         let validated = validate_batches(batches, max_message_bytes, true)?;
         let metas = &validated.metas;
+        // A batch must fit one segment's tag index: refused before anything is written.
+        let tag_capacity = self.state.read().config.segment_index_bytes / TAG_ENTRY_SIZE;
+        for (i, _) in metas.iter().enumerate() {
+            let n = validated
+                .tags
+                .iter()
+                .filter(|t| t.batch as usize == i)
+                .count();
+            if n > tag_capacity {
+                return Err(LogError::InvalidRecord {
+                    reason: format!(
+                        "batch {i} holds {n} tagged records; a segment's tag index holds at most {tag_capacity} (segment.index.bytes / 12)"
+                    ),
+                });
+            }
+        }
         let mut state = self.write_state();
         self.check_online(&state)?;
         if let Some(duplicate) = Self::check_sequences(&state, metas)? {

@@ -87,6 +87,9 @@ pub struct LogSegment {
     offset_index: OffsetIndex,
     time_index: TimeIndex,
     tag_index: TagIndex,
+    /// False when opening created the tag index (a segment written before tag indexes
+    /// existed, or a deleted file): a load must rebuild it from the log.
+    tag_index_existed: bool,
     config: SegmentConfig,
     bytes_since_index_entry: u64,
     next_offset: u64,
@@ -129,6 +132,7 @@ impl LogSegment {
         let time_index = TimeIndex::open(&time_path, base_offset, config.index_max_bytes, active)
             .map_err(|e| SegmentError::io(&time_path, e))?;
         let tag_path = segment_file(dir, base_offset, TAG_INDEX_SUFFIX);
+        let tag_index_existed = tag_path.exists();
         let tag_index = TagIndex::open(&tag_path, base_offset, config.index_max_bytes, active)
             .map_err(|e| SegmentError::io(&tag_path, e))?;
         Ok(Self {
@@ -137,6 +141,7 @@ impl LogSegment {
             offset_index,
             time_index,
             tag_index,
+            tag_index_existed,
             config,
             bytes_since_index_entry: 0,
             next_offset: base_offset,
@@ -388,6 +393,10 @@ impl LogSegment {
     /// Whether the tag index passes its checks and agrees with the log's tail (the batches
     /// [`LogSegment::scan_tail`] just read, whose tagged records are `tail_tags`).
     fn tag_index_ok(&self, tail_tags: &[TagEntry]) -> bool {
+        if !self.tag_index_existed && self.log.size() > 0 {
+            tracing::warn!(path = %self.log.path().display(), "segment has no tag index; rebuilding it");
+            return false;
+        }
         if let Err(why) = self
             .tag_index
             .sanity_check(self.log.size(), self.next_offset)
@@ -536,6 +545,7 @@ impl LogSegment {
         self.offset_index.reset();
         self.time_index.reset();
         self.tag_index.reset();
+        self.tag_index_existed = true;
         self.bytes_since_index_entry = 0;
         self.next_offset = self.base_offset;
         self.max_timestamp = -1;

@@ -117,7 +117,10 @@ fn rack_aware(
     if members.is_empty() {
         return;
     }
-    let (base, mut extra) = (partitions.len() / members.len(), partitions.len() % members.len());
+    let (base, mut extra) = (
+        partitions.len() / members.len(),
+        partitions.len() % members.len(),
+    );
     let local = |tp: &TopicPartition, m: &MemberSpec| {
         m.topics.contains(&tp.0)
             && m.rack
@@ -332,7 +335,12 @@ mod tests {
     #[test]
     fn range_gives_contiguous_ranges_per_topic() {
         let m = [member("a", &["t", "u"], &[]), member("b", &["t", "u"], &[])];
-        let a = assign(Strategy::Range, &m, &topics(&[("t", 3), ("u", 2)]), &ReplicaRacks::new());
+        let a = assign(
+            Strategy::Range,
+            &m,
+            &topics(&[("t", 3), ("u", 2)]),
+            &ReplicaRacks::new(),
+        );
         assert_eq!(parts(&a, "a"), ["t-0", "t-1", "u-0"]);
         assert_eq!(parts(&a, "b"), ["t-2", "u-1"]);
     }
@@ -344,7 +352,12 @@ mod tests {
             member("b", &["t", "u"], &[]),
             member("c", &["u"], &[]),
         ];
-        let a = assign(Strategy::RoundRobin, &m, &topics(&[("t", 3), ("u", 2)]), &ReplicaRacks::new());
+        let a = assign(
+            Strategy::RoundRobin,
+            &m,
+            &topics(&[("t", 3), ("u", 2)]),
+            &ReplicaRacks::new(),
+        );
         assert_eq!(parts(&a, "a"), ["t-0", "t-2"]);
         assert_eq!(parts(&a, "b"), ["t-1", "u-0"]);
         assert_eq!(parts(&a, "c"), ["u-1"]);
@@ -378,7 +391,9 @@ mod tests {
                 member("b", &["t"], &[]),
                 member("c", &["t"], &[]),
             ],
-            &t, &ReplicaRacks::new());
+            &t,
+            &ReplicaRacks::new(),
+        );
         // c leaves: a and b keep theirs and split c's.
         let owned = |k: &str| -> Vec<(&str, u32)> {
             before[k].iter().map(|(t, p)| (t.as_str(), *p)).collect()
@@ -389,7 +404,9 @@ mod tests {
                 member("a", &["t"], &owned("a")),
                 member("b", &["t"], &owned("b")),
             ],
-            &t, &ReplicaRacks::new());
+            &t,
+            &ReplicaRacks::new(),
+        );
         assert!(before["a"].is_subset(&after["a"]));
         assert!(before["b"].is_subset(&after["b"]));
         assert_eq!(after["a"].len() + after["b"].len(), 6);
@@ -404,7 +421,9 @@ mod tests {
                 member("b", &["t"], &owned_b),
                 member("d", &["t"], &[]),
             ],
-            &t, &ReplicaRacks::new());
+            &t,
+            &ReplicaRacks::new(),
+        );
         assert_eq!(joined["d"].len(), 2);
         assert!(joined["a"].is_subset(&after["a"]));
         assert!(joined["b"].is_subset(&after["b"]));
@@ -421,7 +440,12 @@ mod tests {
             before.values().all(|v| !v.is_empty()),
             "every member gets some"
         );
-        let after = assign(Strategy::ConsistentHash, &all[..3], &t, &ReplicaRacks::new());
+        let after = assign(
+            Strategy::ConsistentHash,
+            &all[..3],
+            &t,
+            &ReplicaRacks::new(),
+        );
         for k in ["m0", "m1", "m2"] {
             assert!(before[k].is_subset(&after[k]), "{k} kept its partitions");
         }
@@ -432,7 +456,12 @@ mod tests {
         let t = topics(&[("t", 6)]);
         // Partition p lives in rack p % 3 only (replication factor 1).
         let racks: ReplicaRacks = (0..6)
-            .map(|p| (("t".to_owned(), p), [format!("{}", ["a", "b", "c"][p as usize % 3])].into()))
+            .map(|p| {
+                (
+                    ("t".to_owned(), p),
+                    [["a", "b", "c"][p as usize % 3].to_string()].into(),
+                )
+            })
             .collect();
         let m: Vec<MemberSpec> = ["a", "b", "c"]
             .iter()
@@ -447,17 +476,31 @@ mod tests {
         assert_eq!(parts(&a, "m-c"), ["t-2", "t-5"]);
         // Two members in rack a, none in c: a's partitions stay in a, the rest spread.
         let m2 = [
-            MemberSpec { rack: Some("a".into()), ..member("x", &["t"], &[]) },
-            MemberSpec { rack: Some("a".into()), ..member("y", &["t"], &[]) },
-            MemberSpec { rack: Some("b".into()), ..member("z", &["t"], &[]) },
+            MemberSpec {
+                rack: Some("a".into()),
+                ..member("x", &["t"], &[])
+            },
+            MemberSpec {
+                rack: Some("a".into()),
+                ..member("y", &["t"], &[])
+            },
+            MemberSpec {
+                rack: Some("b".into()),
+                ..member("z", &["t"], &[])
+            },
         ];
         let a = assign(Strategy::RackAware, &m2, &t, &racks);
         assert!(a.values().all(|s| s.len() == 2), "{a:?}");
         let in_a: BTreeSet<u32> = a["x"].iter().chain(&a["y"]).map(|(_, p)| *p).collect();
         assert!(in_a.contains(&0) && in_a.contains(&3), "{a:?}");
-        assert!(a["z"].contains(&("t".to_owned(), 1)) && a["z"].contains(&("t".to_owned(), 4)), "{a:?}");
+        assert!(
+            a["z"].contains(&("t".to_owned(), 1)) && a["z"].contains(&("t".to_owned(), 4)),
+            "{a:?}"
+        );
         // No racks at all: still balanced.
-        let plain: Vec<MemberSpec> = (0..4).map(|i| member(&format!("m{i}"), &["t"], &[])).collect();
+        let plain: Vec<MemberSpec> = (0..4)
+            .map(|i| member(&format!("m{i}"), &["t"], &[]))
+            .collect();
         let a = assign(Strategy::RackAware, &plain, &t, &racks);
         assert!(a.values().all(|s| (1..=2).contains(&s.len())), "{a:?}");
     }

