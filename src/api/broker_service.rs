@@ -205,7 +205,6 @@ fn leader_fields(e: &BrokerError) -> (Option<i32>, Option<String>) {
     }
 }
 
-/// Decodes the records of `batches` at or after `from`.
 /// The request's filter, parsed; `None` when it keeps every record.
 fn parse_filter(filter: Option<&proto::RecordFilter>) -> Result<Option<Arc<RecordFilter>>, Status> {
     use proto::record_filter::Expression;
@@ -240,6 +239,7 @@ fn next_fetch_offset(d: &FetchData, from: u64) -> i64 {
     next as i64
 }
 
+/// Decodes the records of `batches` at or after `from`.
 fn decode_records(batches: &Bytes, from: u64) -> Result<Vec<ConsumedRecord>, BrokerError> {
     let records = decode_data_records(batches, MAX_UNCOMPRESSED_BATCH_BYTES)
         .map_err(|e| BrokerError::new(ErrorCode::CorruptMessage, format!("stored batch: {e}")))?;

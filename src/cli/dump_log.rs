@@ -353,12 +353,7 @@ fn dump_index_file(
     out: &mut impl Write,
 ) -> Result<Vec<CliError>, CliError> {
     let base = base_offset_of(path)?;
-    let bytes = std::fs::read(path).map_err(|e| {
-        CliError::new(
-            "INVALID_ARGUMENT",
-            format!("cannot read {}: {e}", path.display()),
-        )
-    })?;
+    let bytes = read_index(path)?;
     let log_path = path.with_extension(LOG_SUFFIX);
     let log = File::open(&log_path).ok();
     let log_size = log
@@ -437,13 +432,7 @@ fn dump_index_file(
         if let Some(m) = matches {
             map.insert("matches_log".into(), Value::Bool(m));
         }
-        match output {
-            OutputFormat::Json => write_line(out, &Value::Object(map).to_string())?,
-            OutputFormat::Table => {
-                let text: Vec<String> = map.iter().map(|(k, v)| format!("{k}: {v}")).collect();
-                write_line(out, &text.join(" "))?;
-            }
-        }
+        print_entry(map, output, out)?;
     }
     let trailing = bytes.len() % entry_size;
     let mut problems = Vec::new();
@@ -486,12 +475,7 @@ fn dump_tag_index_file(
     out: &mut impl Write,
 ) -> Result<Vec<CliError>, CliError> {
     let base = base_offset_of(path)?;
-    let bytes = std::fs::read(path).map_err(|e| {
-        CliError::new(
-            "INVALID_ARGUMENT",
-            format!("cannot read {}: {e}", path.display()),
-        )
-    })?;
+    let bytes = read_index(path)?;
     let log_path = path.with_extension(LOG_SUFFIX);
     // The tagged records of the log beside the index, by offset.
     let logged: Option<std::collections::BTreeMap<u64, LoggedTag>> =
@@ -587,6 +571,16 @@ fn dump_tag_index_file(
     Ok(problems)
 }
 
+fn read_index(path: &Path) -> Result<Vec<u8>, CliError> {
+    std::fs::read(path).map_err(|e| {
+        CliError::new(
+            "INVALID_ARGUMENT",
+            format!("cannot read {}: {e}", path.display()),
+        )
+    })
+}
+
+/// Prints one index entry as a JSON object or a `key: value` line.
 fn print_entry(
     map: Map<String, Value>,
     output: OutputFormat,

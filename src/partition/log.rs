@@ -81,7 +81,8 @@ impl Default for ReadOptions {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FetchData {
     /// Whole, CRC-checked record batches; the first holds the requested offset (and may
-    /// start before it). Empty when nothing is readable yet.
+    /// start before it). Empty when nothing is readable yet. A filtered read returns only
+    /// passing records, possibly re-batched, from the requested offset on.
     pub records: Bytes,
     /// High watermark when the read was planned.
     pub high_watermark: Offset,
@@ -144,6 +145,31 @@ impl LogState {
     }
 
     /// The segment holding `offset`, skipping segments that end at or before it.
+    /// The offsets a read from `offset` reports (no records yet) and the offset it may not
+    /// pass; `OffsetOutOfRange` outside `[log start, log end]`.
+    fn plan_read(&self, offset: u64, isolation: Isolation) -> Result<(FetchData, u64), LogError> {
+        let log_end = self.log_end_offset();
+        if offset < self.log_start_offset || offset > log_end {
+            return Err(LogError::OffsetOutOfRange {
+                requested: offset,
+                log_start_offset: self.log_start_offset,
+                log_end_offset: log_end,
+            });
+        }
+        let data = FetchData {
+            records: Bytes::new(),
+            high_watermark: Offset(self.high_watermark),
+            log_start_offset: Offset(self.log_start_offset),
+            log_end_offset: Offset(log_end),
+            next_offset: None,
+        };
+        let bound = match isolation {
+            Isolation::HighWatermark => self.high_watermark,
+            Isolation::LogEnd => log_end,
+        };
+        Ok((data, bound))
+    }
+
     fn segment_for(&self, offset: u64) -> Option<&LogSegment> {
         let (_, floor) = self.segments.range(..=offset).next_back()?;
         if offset < floor.next_offset() {
@@ -1106,25 +1132,7 @@ impl PartitionLog {
         let (file, path, position, first_size, segment_end, bound, mut data) = {
             let state = self.state.read();
             self.check_online(&state)?;
-            let log_end = state.log_end_offset();
-            let data = FetchData {
-                records: Bytes::new(),
-                high_watermark: Offset(state.high_watermark),
-                log_start_offset: Offset(state.log_start_offset),
-                log_end_offset: Offset(log_end),
-                next_offset: None,
-            };
-            if offset < state.log_start_offset || offset > log_end {
-                return Err(LogError::OffsetOutOfRange {
-                    requested: offset,
-                    log_start_offset: state.log_start_offset,
-                    log_end_offset: log_end,
-                });
-            }
-            let bound = match isolation {
-                Isolation::HighWatermark => state.high_watermark,
-                Isolation::LogEnd => log_end,
-            };
+            let (data, bound) = state.plan_read(offset, isolation)?;
             if offset >= bound {
                 return Ok(Some(data));
             }

@@ -412,7 +412,7 @@ impl LogSegment {
         indexed == tail_tags
     }
 
-    /// Rebuilds both indexes by scanning (and CRC-checking) the whole log; fails with
+    /// Rebuilds the indexes by scanning (and CRC-checking) the whole log; fails with
     /// [`SegmentError::Corrupt`] on the first damage (nothing is cut).
     fn rebuild_indexes(&mut self) -> Result<(), SegmentError> {
         let outcome = self.scan_and_index()?;
@@ -505,7 +505,7 @@ impl LogSegment {
         }
     }
 
-    /// Re-validates every batch (CRC, contiguous offsets) and rebuilds both indexes from
+    /// Re-validates every batch (CRC, contiguous offsets) and rebuilds the indexes from
     /// the valid ones. Damage does not stop the scan: each damaged range is skipped up to
     /// the next valid batch and reported in the outcome, and nothing is cut here. The
     /// caller decides (see `partition::loader`): a garbage suffix of the active segment is

@@ -153,13 +153,22 @@ fn rack_aware(
         }
     }
     for tp in left {
-        let target = members
-            .iter()
-            .filter(|m| m.topics.contains(&tp.0))
-            .min_by_key(|m| (out[&m.key].len(), m.key.clone()));
-        if let Some(m) = target {
-            out.get_mut(&m.key).expect("entry").insert(tp.clone());
-        }
+        give_to_least_loaded(members, tp, out);
+    }
+}
+
+/// Gives `tp` to the subscribed member holding the fewest partitions (ties: lowest key).
+fn give_to_least_loaded(
+    members: &[&MemberSpec],
+    tp: &TopicPartition,
+    out: &mut BTreeMap<String, BTreeSet<TopicPartition>>,
+) {
+    let target = members
+        .iter()
+        .filter(|m| m.topics.contains(&tp.0))
+        .min_by_key(|m| (out[&m.key].len(), m.key.clone()));
+    if let Some(m) = target {
+        out.get_mut(&m.key).expect("entry").insert(tp.clone());
     }
 }
 
@@ -244,13 +253,7 @@ fn sticky(
     }
     // The rest to the least-loaded eligible member.
     for tp in partitions.iter().filter(|tp| !taken.contains(*tp)) {
-        let target = members
-            .iter()
-            .filter(|m| m.topics.contains(&tp.0))
-            .min_by_key(|m| (out[&m.key].len(), m.key.clone()));
-        if let Some(m) = target {
-            out.get_mut(&m.key).expect("entry").insert(tp.clone());
-        }
+        give_to_least_loaded(members, tp, out);
     }
     // Even out: move from the fullest to the emptiest while they differ by more than one.
     loop {

@@ -88,25 +88,7 @@ impl PartitionLog {
         let (plans, scan_end, data) = {
             let state = self.state.read();
             self.check_online(&state)?;
-            let log_end = state.log_end_offset();
-            if offset < state.log_start_offset || offset > log_end {
-                return Err(LogError::OffsetOutOfRange {
-                    requested: offset,
-                    log_start_offset: state.log_start_offset,
-                    log_end_offset: log_end,
-                });
-            }
-            let data = FetchData {
-                records: Bytes::new(),
-                high_watermark: Offset(state.high_watermark),
-                log_start_offset: Offset(state.log_start_offset),
-                log_end_offset: Offset(log_end),
-                next_offset: None,
-            };
-            let bound = match isolation {
-                Isolation::HighWatermark => state.high_watermark,
-                Isolation::LogEnd => log_end,
-            };
+            let (data, bound) = state.plan_read(offset, isolation)?;
             let mut plans = Vec::new();
             let mut scan_end = bound.max(offset);
             let mut scanned = 0usize;
