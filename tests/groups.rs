@@ -690,6 +690,8 @@ async fn rack_aware_members_get_the_partitions_of_their_rack() {
     .await;
     let dir = tempfile::tempdir().unwrap();
     let mut members = BTreeMap::new();
+    // Kept alive to the end: dropping a Member kills its process.
+    let mut running = Vec::new();
     for rack in ["a", "b", "c"] {
         let m = Member::start(
             dir.path(),
@@ -709,6 +711,7 @@ async fn rack_aware_members_get_the_partitions_of_their_rack() {
             ],
         );
         members.insert(format!("tidelog-consume-{}", m.child.id()), rack);
+        running.push(m);
     }
     let (ok, out, err) = cli(&[
         "topics",
@@ -723,7 +726,7 @@ async fn rack_aware_members_get_the_partitions_of_their_rack() {
     assert!(ok, "{err}");
     let d: serde_json::Value = serde_json::from_str(&out).unwrap();
     let rack_of_broker = |b: i64| ["a", "b", "c"][b as usize - 1];
-    let partition_rack: BTreeMap<u64, &str> = d["partitions"]
+    let partition_rack: BTreeMap<u64, &str> = d["topics"][0]["partitions"]
         .as_array()
         .unwrap()
         .iter()
