@@ -341,6 +341,36 @@ async fn colliding_tag_hashes_deliver_only_the_exact_tag() {
         if i % 3 == 0 { a } else { b }.to_owned()
     })
     .await;
+    // A bad filter sent straight to the broker (the CLI checks before sending) is refused
+    // as a whole with its own code, naming the problem.
+    let mut broker =
+        tidelog::api::proto::broker_client::BrokerClient::connect(format!("http://{bootstrap}"))
+            .await
+            .unwrap();
+    let refused = broker
+        .fetch(tidelog::api::proto::FetchRequest {
+            topics: vec![tidelog::api::proto::FetchTopic {
+                topic: "c".into(),
+                partitions: vec![tidelog::api::proto::FetchPartition::default()],
+            }],
+            filter: Some(tidelog::api::proto::RecordFilter {
+                expression: Some(tidelog::api::proto::record_filter::Expression::Sql(
+                    "amount BETWEEN 1".into(),
+                )),
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        tidelog::api::status::code_of(&refused),
+        tidelog::error_code::ErrorCode::InvalidFilterExpression
+    );
+    assert!(
+        refused.message().contains("SQL filter"),
+        "{}",
+        refused.message()
+    );
     let got = consume(&bootstrap, "c", &["--filter-tag", a]);
     let indexes: Vec<usize> = got.iter().map(|r| r.2).collect();
     assert_eq!(

@@ -305,6 +305,12 @@ fn one_request_with_more_tags_than_an_index_holds_spans_segments() {
     );
     // A single batch with more tagged records than a segment's index is refused.
     let mut huge = build(&records[..30], 0, Compression::None);
+    let end = log.log_end_offset();
     let e = log.append_as_leader(&mut huge, LeaderEpoch(0)).unwrap_err();
     assert!(e.to_string().contains("tag index holds at most"), "{e}");
+    assert_eq!(
+        log.log_end_offset(),
+        end,
+        "nothing of the refused batch was written"
+    );
 }
