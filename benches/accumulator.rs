@@ -40,7 +40,7 @@ fn append_1kib(c: &mut Criterion) {
                     headers: &[],
                 },
                 reserved,
-                false,
+                (false, false),
             );
             n = n.wrapping_add(1);
             if appended.index == 0 {

@@ -95,6 +95,7 @@ error_codes! {
     FencedInstanceId = "FENCED_INSTANCE_ID", false, "Another process joined with this group.instance.id; this one is fenced.";
     GroupSubscribedToTopic = "GROUP_SUBSCRIBED_TO_TOPIC", false, "The group's members subscribe to the topic; its offsets cannot be deleted while they do.";
     InvalidFilterExpression = "INVALID_FILTER_EXPRESSION", false, "A fetch's tag or SQL filter expression does not parse or breaks a limit; the message points at the problem. Nothing was read.";
+    PushSessionLimitExceeded = "PUSH_SESSION_LIMIT_EXCEEDED", true, "The broker serves its maximum of 1,024 push subscriptions already; retry later (or at another broker), or consume with Fetch.";
 }
 
 impl fmt::Display for ErrorCode {

@@ -10,23 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{free_ports, read_all, standalone, Proc};
+use common::{read_all, Proc};
 use tidelog::client::producer::{PartitionSelector, Producer, ProducerConfig, ProducerRecord};
-use tidelog::client::AdminClient;
-
-/// A standalone server holding `topic` (`partitions` partitions, one replica): its data
-/// directory (removed on drop), the process and its address.
-async fn server_with_topic(topic: &str, partitions: u32) -> (tempfile::TempDir, Proc, String) {
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_ports(1)[0];
-    let server = standalone(dir.path(), port);
-    let bootstrap = format!("127.0.0.1:{port}");
-    AdminClient::new(vec![bootstrap.clone()], Duration::from_secs(10))
-        .create_topic(topic, Some(partitions), Some(1), Default::default())
-        .await
-        .unwrap();
-    (dir, server, bootstrap)
-}
 
 fn record(topic: &str, value: String) -> ProducerRecord {
     ProducerRecord {
@@ -91,7 +76,7 @@ async fn produce_through_pauses(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn retried_requests_never_duplicate_with_idempotence() {
-    let (_dir, server, bootstrap) = server_with_topic("idem", 3).await;
+    let (_dir, server, bootstrap) = common::server_with_topic("idem", 3).await;
 
     let (acked, stored) = produce_through_pauses(&server, &bootstrap, "idem", true).await;
     assert_eq!(acked.len(), 3000);
@@ -114,7 +99,7 @@ async fn retried_requests_never_duplicate_with_idempotence() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn send_modes_and_a_custom_partition_selector() {
-    let (_dir, _server, bootstrap) = server_with_topic("modes", 4).await;
+    let (_dir, _server, bootstrap) = common::server_with_topic("modes", 4).await;
     // The selector sends a record to the partition named by its value's last digit.
     let producer = Producer::new(
         vec![bootstrap.clone()],
@@ -172,7 +157,7 @@ async fn send_modes_and_a_custom_partition_selector() {
 /// scenario above really retries requests the server had already received.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_same_retries_duplicate_without_idempotence() {
-    let (_dir, server, bootstrap) = server_with_topic("dup", 3).await;
+    let (_dir, server, bootstrap) = common::server_with_topic("dup", 3).await;
     let (acked, stored) = produce_through_pauses(&server, &bootstrap, "dup", false).await;
     assert_eq!(acked.len(), 3000);
     assert!(
@@ -188,7 +173,7 @@ async fn the_same_retries_duplicate_without_idempotence() {
 /// 0..n, and the log holds each value at the offset it was acknowledged with.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_sends_to_one_partition_get_contiguous_offsets_in_send_order() {
-    let (_dir, _server, bootstrap) = server_with_topic("order", 2).await;
+    let (_dir, _server, bootstrap) = common::server_with_topic("order", 2).await;
     let producer = Arc::new(Producer::new(
         vec![bootstrap.clone()],
         ProducerConfig {
@@ -247,7 +232,7 @@ async fn concurrent_sends_to_one_partition_get_contiguous_offsets_in_send_order(
 /// sent before it is acknowledged and stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn flush_sends_and_completes_everything_sent_before_it() {
-    let (_dir, _server, bootstrap) = server_with_topic("flush", 3).await;
+    let (_dir, _server, bootstrap) = common::server_with_topic("flush", 3).await;
     let producer = Producer::new(
         vec![bootstrap.clone()],
         ProducerConfig {

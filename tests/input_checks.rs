@@ -1,7 +1,8 @@
 //! Input the server must refuse with a specific code, changing nothing, against the real
 //! binary: reserved internal topics changed by a client, `min.insync.replicas` above the
 //! replication factor, unknown compression values, negative timestamps and transactional
-//! batches, too many partitions in one request, and requests tonic refuses before a
+//! batches, too many partitions in one request, a fetch's byte budget across partitions,
+//! and requests tonic refuses before a
 //! handler runs (too large, not protobuf), which must still carry a tidelog code.
 
 mod common;
@@ -472,4 +473,93 @@ async fn the_cli_shows_the_code_of_a_request_above_the_limit() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("INVALID_REQUEST"), "{err}");
+}
+
+/// A fetch's `max_bytes` bounds the whole response, as KIP-74 has it: only the first
+/// partition with records may exceed it (one whole batch), the rest answer no records
+/// once it is spent. Before, every partition returned a batch, so one request naming many
+/// partitions could make the broker read and send about 1,000 batches whatever it asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fetch_response_stays_within_max_bytes_across_partitions() {
+    const PARTITIONS: u32 = 20;
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, bootstrap) = start(dir.path());
+    assert!(create(&bootstrap, "b", &["--partitions", &PARTITIONS.to_string()]).0);
+    let value = vec![b'x'; 64 * 1024];
+    // New partitions take a moment to have a leader: resend to those not yet written.
+    let mut left: Vec<u32> = (0..PARTITIONS).collect();
+    for _ in 0..100 {
+        let produce = ProduceRequest {
+            acks: Some(-1),
+            timeout_ms: 5_000,
+            topics: vec![TopicProduceData {
+                topic: "b".into(),
+                partitions: left
+                    .iter()
+                    .map(|&partition| PartitionProduceData {
+                        partition,
+                        records: vec![Record {
+                            value: Some(value.clone().into()),
+                            ..Default::default()
+                        }],
+                        ..Default::default()
+                    })
+                    .collect(),
+            }],
+        };
+        let r = broker(&bootstrap).await.produce(produce).await.unwrap();
+        let written: Vec<u32> = r.into_inner().topics[0]
+            .partitions
+            .iter()
+            .filter(|p| p.error_code == 0)
+            .map(|p| p.partition)
+            .collect();
+        left.retain(|p| !written.contains(p));
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(left.is_empty(), "partitions never written: {left:?}");
+    for max_bytes in [1, 100 * 1024] {
+        let r = broker(&bootstrap)
+            .await
+            .fetch(FetchRequest {
+                max_wait_ms: 0,
+                max_bytes,
+                raw_batches: true,
+                topics: vec![FetchTopic {
+                    topic: "b".into(),
+                    partitions: (0..PARTITIONS)
+                        .map(|partition| FetchPartition {
+                            partition,
+                            fetch_offset: 0,
+                            partition_max_bytes: 0,
+                        })
+                        .collect(),
+                }],
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let parts = &r.topics[0].partitions;
+        assert_eq!(parts.len(), PARTITIONS as usize);
+        let with_records: Vec<u32> = parts
+            .iter()
+            .filter(|p| !p.record_batches.is_empty())
+            .map(|p| p.partition)
+            .collect();
+        // 1 byte: the first partition alone (its batch exceeds the budget); 100 KiB: the
+        // first one's 64 KiB batch leaves room for one more.
+        let expected = if max_bytes == 1 { 1 } else { 2 };
+        assert_eq!(
+            with_records.len(),
+            expected,
+            "max_bytes {max_bytes}: {with_records:?}"
+        );
+        assert!(parts
+            .iter()
+            .all(|p| p.error_code == 0 && p.high_watermark == 1));
+    }
 }

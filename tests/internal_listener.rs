@@ -119,6 +119,7 @@ async fn client_ports_refuse_internal_services_with_a_code() {
                         leader_epoch: 0,
                         fetch_offset: 0,
                         max_bytes: 1024,
+                        high_watermark: None,
                     }],
                 })
                 .await,

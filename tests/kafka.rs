@@ -1061,3 +1061,151 @@ fn a_taken_kafka_port_stops_the_server_with_a_clear_error() {
     assert!(exited && !ok, "a taken Kafka port stops the process");
     assert!(err.contains("Kafka") && err.contains(&kafka), "{err}");
 }
+
+/// kcat with `client.rack=b` reading `topic` from `offset` to the end (`-e`), with
+/// `auto.offset.reset=earliest`: the values it printed, sorted. Killed after 60 s (a
+/// consumer sent back and forth between a leader and a follower never reaches the end).
+fn kcat_from_rack_b(kafka: &str, topic: &str, offset: &str) -> Vec<String> {
+    let mut child = Command::new("kcat")
+        .args([
+            "-b",
+            kafka,
+            "-C",
+            "-t",
+            topic,
+            "-o",
+            offset,
+            "-e",
+            "-q",
+            "-f",
+            "%s\n",
+            "-X",
+            "client.rack=b",
+            "-X",
+            "auto.offset.reset=earliest",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run kcat");
+    let started = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("kcat -o {offset} with client.rack=b did not reach the end in 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut got: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect();
+    got.sort();
+    got
+}
+
+/// Fetch from a follower with a real Kafka client (KIP-392): brokers in racks a, b, c, a
+/// topic with a replica of each partition on every broker; kcat with `client.rack=b`
+/// reads every record, nearly all of it from broker 2 (the leaders name it as the
+/// preferred read replica), which `tidelog_bytes_out_total` shows. After DeleteRecords
+/// moved every log start, kcat at offset 0 is told OFFSET_OUT_OF_RANGE (by the leader,
+/// not sent to the follower) and resets to the earliest offset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kcat_with_a_rack_reads_from_the_follower_in_its_rack() {
+    let Some(clients) = clients() else { return };
+    let c = BrokerCluster::build_in_racks(1, 3, &[], false, &["a", "b", "c"]);
+    let grpc = c.bootstrap().join(",");
+    let (ok, _, err) = cli(&[
+        "topics",
+        "create",
+        "--bootstrap",
+        &grpc,
+        "--topic",
+        "near",
+        "--partitions",
+        "3",
+        "--replication-factor",
+        "3",
+    ]);
+    assert!(ok, "{err}");
+    // Keyed, so every partition gets about a third (DeleteRecords below cuts 100 each).
+    let input: String = (0..3000).map(|i| format!("k{i}\tvalue-{i}\n")).collect();
+    let mut produce = Command::new(common::binary())
+        .args([
+            "produce",
+            "--topic",
+            "near",
+            "--parse-key",
+            "--acks",
+            "all",
+            "--bootstrap",
+            &grpc,
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    produce
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = produce.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    common::eventually("every replica in sync", Duration::from_secs(30), || async {
+        let (ok, out, _) = cli(&[
+            "topics",
+            "describe",
+            "--topic",
+            "near",
+            "--output",
+            "json",
+            "--bootstrap",
+            &grpc,
+        ]);
+        let v: Value = serde_json::from_str(&out).ok().filter(|_| ok)?;
+        v["topics"][0]["partitions"]
+            .as_array()?
+            .iter()
+            .all(|p| p["isr"].as_array().is_some_and(|i| i.len() == 3))
+            .then_some(())
+    })
+    .await;
+    let kafka: Vec<String> = (1..=3).map(|id| c.broker_kafka_address(id)).collect();
+    let kafka = kafka.join(",");
+    let got = kcat_from_rack_b(&kafka, "near", "beginning");
+    let mut want: Vec<String> = (0..3000).map(|i| format!("value-{i}")).collect();
+    want.sort();
+    assert_eq!(got, want, "every record once");
+    let served: Vec<f64> = common::bytes_out_per_broker(&c, "near");
+    let total: f64 = served.iter().sum();
+    assert!(
+        served[1] > 3000.0 * 10.0 && served[1] >= 0.9 * total,
+        "broker 2 (rack b) served kcat in rack b: {served:?}"
+    );
+
+    let low = python(&clients, &["delete_records", &kafka, "near", "3", "100"]);
+    assert_eq!(low[0], serde_json::json!({"0": 100, "1": 100, "2": 100}));
+    // Followers take the new log start from their next fetch.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let got = kcat_from_rack_b(&kafka, "near", "0");
+    assert_eq!(
+        got.len(),
+        3000 - 300,
+        "reset to the log start of each partition"
+    );
+}

@@ -572,6 +572,11 @@ async fn reassign(c: &BrokerCluster, topic: &str, replicas: Vec<i32>) {
 /// A leader that accepted records (acks=1) its followers never copied, and was then cut
 /// off (SIGSTOP) and replaced, refuses writes when it resumes (its lease lapsed), and
 /// truncates those records as it rejoins as a follower. Consumers never saw them.
+///
+/// A follower fetch already on its way when the followers stopped can still carry the
+/// first uncommitted records to a follower (Kafka's semantics too: a new leader keeps
+/// what it holds). The test waits so that this is rare, and when it happens it checks
+/// the same property on the records the new leader did not get.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_returning_leader_truncates_what_it_alone_accepted() {
     let mut c = BrokerCluster::start_with(
@@ -579,6 +584,10 @@ async fn a_returning_leader_truncates_what_it_alone_accepted() {
         &[
             ("TIDELOG_REPLICA_LAG_TIME_MAX_MS", "60000"),
             ("TIDELOG_LEADER_IMBALANCE_CHECK_INTERVAL_MS", "0"),
+            // Paused followers must stay in the ISR while x records are written: a
+            // controller fences a broker silent for a session timeout and drops it from
+            // the ISR, which would commit the x records.
+            ("TIDELOG_BROKER_SESSION_TIMEOUT_MS", "10000"),
         ],
     );
     const TOPIC: &str = "diverge";
@@ -606,7 +615,10 @@ async fn a_returning_leader_truncates_what_it_alone_accepted() {
             .signal(libc::SIGSTOP);
     }
     // A fetch the followers sent before they stopped may still be parked at the leader;
-    // let it expire (replica_fetch_wait_max_ms is 500), so no x record can ride on it.
+    // let it expire (replica_fetch_wait_max_ms is 500) so that an x record rarely rides
+    // on it. On a loaded 2-core machine that is not certain (a starved pass that reads
+    // after its deadline reads up to the log end): the new leader's log decides below
+    // how many x records survived.
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     for i in 0..5 {
         let offset = produce_once(&old_address, TOPIC, 0, &format!("x{i}"), 1)
@@ -640,15 +652,26 @@ async fn a_returning_leader_truncates_what_it_alone_accepted() {
     })
     .await;
     leader_ready(&c, TOPIC, 0, new).await;
+    // x records a parked fetch carried to the new leader before the switch (normally 0).
+    let mut rode_along = None;
     for i in 0..5 {
         let offset = produce_once(&c.broker_address(new), TOPIC, 0, &format!("y{i}"), -1)
             .await
             .expect("acks=all at the new leader");
+        let carried = *rode_along.get_or_insert_with(|| offset - 10);
+        assert!(
+            (0..=5).contains(&carried),
+            "the new leader holds records nobody wrote, or lost some: y0 at {offset}"
+        );
         assert_eq!(
             offset,
-            10 + i,
-            "the new leader continues after the committed records"
+            10 + carried + i,
+            "the new leader continues after the records it holds"
         );
+    }
+    let carried = rode_along.unwrap();
+    if carried > 0 {
+        eprintln!("{carried} x record(s) reached a follower before it stopped");
     }
 
     // The old leader resumes with stale metadata: it must not accept writes.
@@ -673,15 +696,19 @@ async fn a_returning_leader_truncates_what_it_alone_accepted() {
             .await
             .ok()?;
         let o = d[0].offsets.first()?;
-        (o.high_watermark == 15 && o.log_end_offset == 15).then_some(())
+        (o.high_watermark == 15 + carried && o.log_end_offset == 15 + carried).then_some(())
     })
     .await;
     stop_all_brokers(&mut c);
     let log = assert_replicas_identical(&c, TOPIC, 0);
     let values: Vec<&str> = log.iter().map(|(_, v)| v.as_str()).collect();
     let mut expected: Vec<String> = (0..10).map(|i| format!("a{i}")).collect();
+    expected.extend((0..carried).map(|i| format!("x{i}")));
     expected.extend((0..5).map(|i| format!("y{i}")));
-    assert_eq!(values, expected, "x records were truncated everywhere");
+    assert_eq!(
+        values, expected,
+        "x records the new leader lacked were truncated everywhere"
+    );
 }
 
 /// A leader cut off from the controllers (its controller links go through a proxy the
@@ -897,6 +924,7 @@ async fn a_replica_fetch_for_another_topic_id_is_refused() {
                         leader_epoch: state.leader_epoch,
                         fetch_offset: 0,
                         max_bytes: 1 << 20,
+                        high_watermark: None,
                     }],
                 })
                 .await

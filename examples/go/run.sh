@@ -32,8 +32,8 @@ tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 # The proto files name no go_package: M options map each one to the Go package tidelogv1,
 # import path "tidelog/v1", which protoc writes to $tmp/src/tidelog/v1 for GOPATH=$tmp.
-# Public clients need only these three (docs/api.md).
-files=(tidelog/v1/common.proto tidelog/v1/admin.proto tidelog/v1/broker.proto)
+# Public clients need only these four (docs/api.md); broker.proto imports groups.proto.
+files=(tidelog/v1/common.proto tidelog/v1/admin.proto tidelog/v1/groups.proto tidelog/v1/broker.proto)
 opts=()
 for f in "${files[@]}"; do
   opts+=("--go_opt=M$f=tidelog/v1;tidelogv1" "--go-grpc_opt=M$f=tidelog/v1;tidelogv1")

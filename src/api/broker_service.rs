@@ -14,8 +14,9 @@ use super::proto::{
     self, BrokerAddress, ConsumedRecord, FetchPartitionResponse, FetchRequest, FetchResponse,
     FetchTopicResponse, ListOffsetsPartitionResponse, ListOffsetsRequest, ListOffsetsResponse,
     ListOffsetsTopicResponse, MetadataRequest, MetadataResponse, PartitionProduceResponse,
-    ProduceRequest, ProduceResponse, TopicProduceResponse,
+    ProduceRequest, ProduceResponse, SubscribeRequest, TopicProduceResponse,
 };
+use super::push_service::{PushStream, PUSH_SESSIONS_MAX};
 use super::status::{error_status, to_wire};
 use crate::broker::node::{Acks, FetchTarget, OffsetQuery};
 use crate::broker::{BrokerError, BrokerNode};
@@ -44,6 +45,8 @@ pub struct BrokerService {
     auto_create: Option<AdminClient>,
     /// Bounds the acks=0 appends still running after their answer was sent.
     acks0_in_flight: Arc<tokio::sync::Semaphore>,
+    /// Bounds the push subscriptions served at once.
+    push_sessions: Arc<tokio::sync::Semaphore>,
 }
 
 /// Most acks=0 appends running at once after their answer; further acks=0 produces wait
@@ -57,6 +60,7 @@ impl BrokerService {
             node,
             auto_create,
             acks0_in_flight: Arc::new(tokio::sync::Semaphore::new(ACKS0_IN_FLIGHT_MAX)),
+            push_sessions: Arc::new(tokio::sync::Semaphore::new(PUSH_SESSIONS_MAX)),
         }
     }
 
@@ -206,7 +210,9 @@ fn leader_fields(e: &BrokerError) -> (Option<i32>, Option<String>) {
 }
 
 /// The request's filter, parsed; `None` when it keeps every record.
-fn parse_filter(filter: Option<&proto::RecordFilter>) -> Result<Option<Arc<RecordFilter>>, Status> {
+pub(crate) fn parse_filter(
+    filter: Option<&proto::RecordFilter>,
+) -> Result<Option<Arc<RecordFilter>>, Status> {
     use proto::record_filter::Expression;
     let parsed = match filter.and_then(|f| f.expression.as_ref()) {
         None => return Ok(None),
@@ -240,7 +246,10 @@ fn next_fetch_offset(d: &FetchData, from: u64) -> i64 {
 }
 
 /// Decodes the records of `batches` at or after `from`.
-fn decode_records(batches: &Bytes, from: u64) -> Result<Vec<ConsumedRecord>, BrokerError> {
+pub(crate) fn decode_records(
+    batches: &Bytes,
+    from: u64,
+) -> Result<Vec<ConsumedRecord>, BrokerError> {
     let records = decode_data_records(batches, MAX_UNCOMPRESSED_BATCH_BYTES)
         .map_err(|e| BrokerError::new(ErrorCode::CorruptMessage, format!("stored batch: {e}")))?;
     Ok(records
@@ -388,6 +397,7 @@ impl Broker for BrokerService {
                         p.partition_max_bytes as usize
                     },
                     filter: filter.clone(),
+                    follower_ok: r.read_from_follower,
                 });
             }
         }
@@ -455,6 +465,21 @@ impl Broker for BrokerService {
             }
         }
         Ok(Response::new(FetchResponse { topics }))
+    }
+
+    type SubscribeStream = PushStream;
+
+    async fn subscribe(
+        &self,
+        request: Request<tonic::Streaming<SubscribeRequest>>,
+    ) -> Result<Response<PushStream>, Status> {
+        super::push_service::subscribe(
+            self.node.clone(),
+            self.push_sessions.clone(),
+            request.into_inner(),
+        )
+        .await
+        .map(Response::new)
     }
 
     async fn list_offsets(

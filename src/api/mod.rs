@@ -11,6 +11,7 @@ pub mod forward;
 pub mod groups_service;
 pub mod port_guard;
 pub mod proto;
+pub mod push_service;
 pub mod raft_service;
 pub mod replication_service;
 pub mod request_metrics;

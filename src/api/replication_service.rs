@@ -64,6 +64,7 @@ impl Replication for ReplicationService {
                 leader_epoch: LeaderEpoch(p.leader_epoch),
                 fetch_offset: p.fetch_offset as u64,
                 max_bytes: (p.max_bytes as usize).max(1),
+                known_high_watermark: p.high_watermark,
             });
         }
         let results = self

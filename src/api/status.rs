@@ -67,7 +67,9 @@ fn grpc_code(code: ErrorCode) -> Code {
         | ErrorCode::IneligibleReplica
         | ErrorCode::InconsistentTopicId => Code::FailedPrecondition,
         ErrorCode::ClusterAuthorizationFailed => Code::PermissionDenied,
-        ErrorCode::PartitionLimitExceeded => Code::ResourceExhausted,
+        ErrorCode::PartitionLimitExceeded | ErrorCode::PushSessionLimitExceeded => {
+            Code::ResourceExhausted
+        }
         ErrorCode::UnknownServerError => Code::Internal,
     }
 }

@@ -9,6 +9,7 @@
 //! - [`lease`]: whether the broker may accept writes (fenced, answered, or controllers
 //!   unreachable);
 //! - [`producer_ids`]: idempotent producer ids from blocks reserved in advance;
+//! - [`push`]: push subscriptions (credit windows, reads as records are committed);
 //! - [`replica_manager`]: partition roles from the metadata, fetchers, ISR proposals;
 //! - [`controller_link`]: registration, heartbeats, metadata long-poll, controlled shutdown.
 
@@ -20,6 +21,7 @@ pub mod metadata_cache;
 pub mod node;
 pub mod partition_manager;
 pub mod producer_ids;
+pub mod push;
 pub mod replica_manager;
 pub mod traffic;
 

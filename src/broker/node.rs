@@ -9,11 +9,12 @@ use super::lease::{LeaderLease, LeaseCheck};
 use super::metadata_cache::MetadataCache;
 use super::partition_manager::{LocalPartition, PartitionManager};
 use super::producer_ids::ProducerIdBlocks;
+use crate::controller::model::BrokerState;
 use crate::error_code::ErrorCode;
 use crate::filter::RecordFilter;
 use crate::partition::{FetchData, Isolation, LogError, ReadOptions};
 use crate::replication::isr_queue::IsrChangeQueue;
-use crate::replication::IsrChange;
+use crate::replication::{IsrChange, Role};
 use crate::topic_config::TopicConfig;
 use crate::types::{BrokerId, LeaderEpoch, Offset};
 
@@ -94,6 +95,8 @@ pub struct FetchTarget {
     pub max_bytes: usize,
     /// Only records passing this filter (`None`: every record).
     pub filter: Option<Arc<RecordFilter>>,
+    /// An in-sync follower may answer, up to the high watermark it knows (KIP-392).
+    pub follower_ok: bool,
 }
 
 /// Which offset ListOffsets asks for.
@@ -125,6 +128,8 @@ pub struct ReplicaFetchTarget {
     pub fetch_offset: u64,
     /// Most bytes for this partition.
     pub max_bytes: usize,
+    /// The high watermark the follower knows (None: it did not say).
+    pub known_high_watermark: Option<i64>,
 }
 
 /// Milliseconds since the Unix epoch.
@@ -244,6 +249,88 @@ impl BrokerNode {
                 ),
             )),
         }
+    }
+
+    /// The local partition a consumer fetch may read: the leader's; with `follower_ok`
+    /// also an in-sync follower's (of the current leader epoch, in the ISR), which
+    /// serves up to the high watermark it learnt from the leader (KIP-392). The flag
+    /// says whether this broker leads.
+    fn readable_partition(
+        &self,
+        topic: &str,
+        partition: u32,
+        follower_ok: bool,
+    ) -> Result<(Arc<LocalPartition>, bool), BrokerError> {
+        let refused = match self.leader_partition(topic, partition) {
+            Ok((local, _)) => return Ok((local, true)),
+            Err(e) if follower_ok && e.code == ErrorCode::NotLeaderOrFollower => e,
+            Err(e) => return Err(e),
+        };
+        match self.in_sync_follower(topic, partition) {
+            Some(local) => Ok((local, false)),
+            None => Err(refused),
+        }
+    }
+
+    /// The local partition when this broker follows it in the ISR, in the current
+    /// leader epoch: a follower that may serve consumers (KIP-392).
+    pub fn in_sync_follower(&self, topic: &str, partition: u32) -> Option<Arc<LocalPartition>> {
+        let (_, p) = self.metadata.partition(topic, partition)?;
+        let local = self.partitions.get(topic, partition)?;
+        let following = matches!(
+            &*local.role(),
+            Role::Follower { leader, leader_epoch }
+                if Some(*leader) == p.leader && leader_epoch.0 == p.leader_epoch
+        );
+        (following && p.isr.contains(&self.id)).then_some(local)
+    }
+
+    /// The in-sync follower a Kafka consumer in `rack` reading `topic`/`partition` at
+    /// `offset` should fetch from (KIP-392's rack-aware selector, for the Kafka listener's
+    /// `preferred_read_replica`): None unless this broker leads it, the leader is in
+    /// another rack, and an in-sync follower in `rack` can serve `offset` (within the
+    /// leader's log start and that follower's last reported log end, as Kafka checks, so
+    /// an out-of-range offset is answered here) and is reachable by Kafka clients
+    /// (unfenced, with a Kafka listener).
+    pub fn preferred_read_replica(
+        &self,
+        topic: &str,
+        partition: u32,
+        rack: &str,
+        offset: u64,
+    ) -> Option<BrokerId> {
+        let local = self.partitions.get(topic, partition)?;
+        if offset < local.log.log_start_offset().0 {
+            return None;
+        }
+        self.metadata.read(|image| {
+            let p = image
+                .topics
+                .get(topic)?
+                .partitions
+                .get(partition as usize)?;
+            if p.leader != Some(self.id) {
+                return None;
+            }
+            let rack_of = |b: &BrokerId| image.brokers.get(b).and_then(|r| r.rack.as_deref());
+            let reachable = |b: &BrokerId| {
+                image
+                    .brokers
+                    .get(b)
+                    .is_some_and(|r| r.state == BrokerState::Unfenced && r.kafka_address.is_some())
+            };
+            let followers = p
+                .isr
+                .iter()
+                .filter(|b| **b != self.id && reachable(b))
+                .filter(|b| {
+                    local
+                        .follower_log_end(**b)
+                        .is_some_and(|end| end.0 >= offset)
+                })
+                .map(|b| (*b, rack_of(b)));
+            crate::replication::rack::read_replica(Some(rack), rack_of(&self.id), followers)
+        })
     }
 
     /// The configuration of `topic` (the defaults while it is unknown).
@@ -376,12 +463,59 @@ impl BrokerNode {
         target: &FetchTarget,
         cached_only: bool,
     ) -> Result<FetchData, ReadFailure> {
-        let (local, _) = self.leader_partition(&target.topic, target.partition)?;
+        let (local, leads) =
+            self.readable_partition(&target.topic, target.partition, target.follower_ok)?;
         let hw = local.log.high_watermark();
         let end = local.log.log_end_offset();
-        if target.offset >= hw.0 && target.offset <= end.0 {
-            // Nothing committed there yet: not an error (a consumer waiting at the end, or
-            // a new leader whose high watermark has not caught up with the old one's).
+        let start = local.log.log_start_offset();
+        if target.offset < start.0 {
+            // Checked before a state-only answer too, as Kafka does, so a consumer below
+            // the log start is told even when the budget is spent or it is redirected.
+            return Err(ReadFailure::Broker(BrokerError::new(
+                ErrorCode::OffsetOutOfRange,
+                format!(
+                    "{}: offset {} is below the log start {}",
+                    local.name(),
+                    target.offset,
+                    start.0
+                ),
+            )));
+        }
+        if target.offset > end.0 {
+            let error = if leads {
+                BrokerError::new(
+                    ErrorCode::OffsetOutOfRange,
+                    format!(
+                        "{}: offset {} is beyond the log end {} (high watermark {}, log start {})",
+                        local.name(),
+                        target.offset,
+                        end.0,
+                        hw.0,
+                        local.log.log_start_offset().0
+                    ),
+                )
+            } else {
+                // Beyond this follower's log (the consumer read further at the leader):
+                // the leader answers that, be it records or OFFSET_OUT_OF_RANGE. Between
+                // the high watermark and the log end a follower is only a round trip
+                // behind: the fetch waits, as at the log end.
+                BrokerError::new(
+                    ErrorCode::NotLeaderOrFollower,
+                    format!(
+                        "{}: follower {} holds records up to {} only, not offset {}; fetch from the leader",
+                        local.name(),
+                        self.id,
+                        end.0,
+                        target.offset
+                    ),
+                )
+            };
+            return Err(ReadFailure::Broker(error));
+        }
+        if target.offset >= hw.0 || target.max_bytes == 0 {
+            // The partition's state only: nothing committed there yet (a consumer waiting
+            // at the end, or a new leader whose high watermark has not caught up with the
+            // old one's), or the response budget went to earlier partitions.
             return Ok(FetchData {
                 records: bytes::Bytes::new(),
                 high_watermark: hw,
@@ -389,19 +523,6 @@ impl BrokerNode {
                 log_end_offset: end,
                 next_offset: None,
             });
-        }
-        if target.offset > end.0 {
-            return Err(ReadFailure::Broker(BrokerError::new(
-                ErrorCode::OffsetOutOfRange,
-                format!(
-                    "{}: offset {} is beyond the log end {} (high watermark {}, log start {})",
-                    local.name(),
-                    target.offset,
-                    end.0,
-                    hw.0,
-                    local.log.log_start_offset().0
-                ),
-            )));
         }
         let read = match target.filter.as_deref() {
             // Filtered reads go to a blocking thread: they may read many batches.
@@ -429,7 +550,10 @@ impl BrokerNode {
     }
 
     /// Reads every target in order within one response budget of `max_bytes` (each
-    /// partition's own limit applies too, and each returns at least one whole batch).
+    /// partition's own limit applies too). As in Kafka (KIP-74), only a partition reached
+    /// with budget left returns at least one whole batch, even past the budget; once the
+    /// budget is spent the rest return no records (callers rotate the order, so every
+    /// partition gets its turn).
     /// `None` when `cached_only` and some bytes are not in the page cache.
     fn read_all(
         &self,
@@ -442,7 +566,8 @@ impl BrokerNode {
             .iter()
             .map(|t| {
                 let mut t = t.clone();
-                t.max_bytes = t.max_bytes.min(budget).max(1);
+                // 0 once spent (`max_bytes` is at least 1, so the first always reads).
+                t.max_bytes = t.max_bytes.min(budget);
                 let r = self.read_one(&t, cached_only)?;
                 if let Ok(d) = &r {
                     budget = budget.saturating_sub(d.records.len());
@@ -467,16 +592,47 @@ impl BrokerNode {
     }
 
     /// Reads each target; waits up to `max_wait` until `min_bytes` are available in total
-    /// (`min_bytes` 0 answers at once, as in Kafka).
+    /// (`min_bytes` 0 answers at once, as in Kafka), and counts what it returns in the
+    /// traffic metrics.
     ///
     /// A filtered target that finds nothing moves on: the next pass reads from where the
     /// filter got to, and every answer for it carries its `next_offset`.
     pub async fn fetch(
         &self,
-        mut targets: Vec<FetchTarget>,
+        targets: Vec<FetchTarget>,
         max_wait: Duration,
         min_bytes: usize,
         max_bytes: usize,
+    ) -> Vec<Result<FetchData, BrokerError>> {
+        self.fetch_inner(targets, max_wait, (min_bytes, max_bytes), true)
+            .await
+    }
+
+    /// [`BrokerNode::fetch`] without counting: a push session sends part of what it reads
+    /// and counts that itself ([`BrokerNode::count_pushed`]).
+    pub async fn fetch_for_push(
+        &self,
+        targets: Vec<FetchTarget>,
+        max_wait: Duration,
+        max_bytes: usize,
+    ) -> Vec<Result<FetchData, BrokerError>> {
+        self.fetch_inner(targets, max_wait, (1, max_bytes), false)
+            .await
+    }
+
+    /// Counts records and bytes a push session sent for one partition.
+    pub fn count_pushed(&self, topic: &str, partition: u32, records: u64, bytes: u64) {
+        let counters = self.traffic.of(topic, partition);
+        counters.records_out.increment(records);
+        counters.bytes_out.increment(bytes);
+    }
+
+    async fn fetch_inner(
+        &self,
+        mut targets: Vec<FetchTarget>,
+        max_wait: Duration,
+        (min_bytes, max_bytes): (usize, usize),
+        count: bool,
     ) -> Vec<Result<FetchData, BrokerError>> {
         let deadline = Instant::now() + max_wait.min(self.limits.fetch_wait_max);
         let max_bytes = max_bytes.clamp(1, self.limits.fetch_bytes_max);
@@ -508,7 +664,9 @@ impl BrokerNode {
                 .sum();
             let any_error = results.iter().any(Result::is_err);
             if total >= min_bytes || any_error || changes.is_empty() || Instant::now() >= deadline {
-                self.count_out(&targets, &results);
+                if count {
+                    self.count_out(&targets, &results);
+                }
                 return results;
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -541,7 +699,10 @@ impl BrokerNode {
 
     /// Serves a follower's fetch: records each partition's fetch offset as the follower's
     /// progress (which may advance the high watermark or call for an ISR expansion), and
-    /// reads up to the log end. Waits up to `max_wait` when there is nothing new.
+    /// reads up to the log end. Waits up to `max_wait` when there is nothing new, unless
+    /// a partition's high watermark is above the one the follower knows: then it answers
+    /// at once, so a follower (and consumers reading from it, KIP-392) learns it even on
+    /// a quiet partition (Kafka's fetch-session rule).
     pub async fn replica_fetch(
         &self,
         follower: BrokerId,
@@ -585,7 +746,13 @@ impl BrokerNode {
                 .iter()
                 .map(|r| r.as_ref().map_or(1, |d| d.records.len()))
                 .sum();
-            if total > 0 || Instant::now() >= deadline {
+            let news = results.iter().zip(&targets).any(|(r, t)| {
+                r.as_ref().is_ok_and(|d| {
+                    t.known_high_watermark
+                        .is_some_and(|known| d.high_watermark.as_i64() > known)
+                })
+            });
+            if total > 0 || news || Instant::now() >= deadline {
                 return results;
             }
             let left = deadline.saturating_duration_since(Instant::now());

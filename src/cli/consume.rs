@@ -4,6 +4,8 @@
 //! committed every `--auto-commit-interval-ms` and at exit, exactly up to the last printed
 //! record).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -13,6 +15,10 @@ use super::text::{headers_json, headers_table, json_bytes, table_text};
 use super::{CliError, OutputFormat};
 use crate::client::consumer::{Consumer, ConsumerFilter, ConsumerRecord, StartAt};
 use crate::client::group_consumer::{GroupConfig, GroupConsumer, OffsetReset};
+use crate::client::push_consumer::{
+    ConsumeResult, ListenMode, MessageListener, PushConfig, PushConsumer,
+};
+use crate::client::push_feed::PushSettings;
 use crate::client::ClientError;
 
 /// Where records come from: assigned partitions, or a group membership.
@@ -64,9 +70,11 @@ pub struct ConsumeArgs {
     /// With --group: range, round-robin, sticky, consistent-hash or rack-aware.
     #[arg(long, default_value = "range", requires = "group")]
     strategy: String,
-    /// With --group: this member's rack (client.rack); `--strategy rack-aware` gives it
-    /// the partitions with a replica in this rack first.
-    #[arg(long, requires = "group")]
+    /// This consumer's rack (client.rack): partitions whose leader is in another rack are
+    /// fetched from an in-sync replica in this rack when there is one (KIP-392; not with
+    /// --push); with `--group --strategy rack-aware` the member gets the partitions with a
+    /// replica in this rack first.
+    #[arg(long)]
     rack: Option<String>,
     /// With --group: every member reads every partition (offsets kept per --instance-id).
     #[arg(long, requires = "group")]
@@ -113,6 +121,23 @@ pub struct ConsumeArgs {
     /// expression, e.g. `"region = 'eu' AND amount > 100"`.
     #[arg(long, value_name = "EXPR")]
     filter_sql: Option<String>,
+    /// Receive records pushed by the brokers over Subscribe streams (credit-based flow
+    /// control) instead of fetching. With --group, a listener pool handles them (see
+    /// --workers, --orderly) and commits only records it finished.
+    #[arg(long)]
+    push: bool,
+    /// With --push --group: one record of a partition at a time, in offset order; a
+    /// record answered "later" (--nack-every) is retried in place.
+    #[arg(long, requires = "push", requires = "group")]
+    orderly: bool,
+    /// With --push --group: records handled at once.
+    #[arg(long, default_value_t = 20, requires = "push", requires = "group")]
+    workers: usize,
+    /// With --push --group: answer "later" on the first delivery of every Nth record, to
+    /// try redelivery from the shell (retried here: after a pause, in place when
+    /// --orderly).
+    #[arg(long, value_name = "N", requires = "push", requires = "group")]
+    nack_every: Option<u64>,
     #[command(flatten)]
     client: ClientArgs,
 }
@@ -131,31 +156,18 @@ pub fn run(args: &ConsumeArgs) -> Result<(), CliError> {
         // Refused before connecting: the error points at the problem.
         f.check()?;
     }
+    if let (true, Some(group)) = (args.push, &args.group) {
+        return block_on(push_group(args, bootstrap, group.clone(), filter))?;
+    }
     block_on(async move {
         let mut source = match &args.group {
-            Some(group) => Source::Group(GroupConsumer::new(
-                bootstrap,
-                GroupConfig {
-                    group: group.clone(),
-                    topics: vec![args.topic.clone()],
-                    strategy: args.strategy.clone(),
-                    broadcast: args.broadcast,
-                    instance_id: args.instance_id.clone().unwrap_or_default(),
-                    client_id: format!("tidelog-consume-{}", std::process::id()),
-                    session_timeout: Duration::from_millis(args.session_timeout_ms),
-                    auto_commit: true,
-                    auto_commit_interval: Duration::from_millis(args.auto_commit_interval_ms),
-                    auto_offset_reset: if args.from_beginning {
-                        OffsetReset::Earliest
-                    } else {
-                        OffsetReset::Latest
-                    },
-                    rack: args.rack.clone(),
-                    ..GroupConfig::default()
-                },
-            )),
+            Some(group) => Source::Group(GroupConsumer::new(bootstrap, group_config(args, group))),
             None => {
                 let mut consumer = Consumer::new(bootstrap, timeout);
+                consumer.set_rack(args.rack.clone());
+                if args.push {
+                    consumer.enable_push(PushSettings::default());
+                }
                 let partitions: Vec<u32> = match args.partition {
                     Some(p) => vec![p],
                     None => (0..consumer.partition_count(&args.topic).await?).collect(),
@@ -190,22 +202,7 @@ pub fn run(args: &ConsumeArgs) -> Result<(), CliError> {
                 last_record = Instant::now();
             }
             for (i, r) in records.iter().enumerate() {
-                match output {
-                    OutputFormat::Json => {
-                        let mut line = json!({
-                            "topic": r.topic, "partition": r.partition, "offset": r.offset,
-                            "timestamp": r.timestamp_ms,
-                            "key": json_bytes(r.key.as_deref()),
-                            "value": json_bytes(r.value.as_deref()),
-                            "headers": headers_json(&r.headers),
-                        });
-                        if let Some(tag) = &r.tag {
-                            line["tag"] = json!(tag);
-                        }
-                        println!("{line}");
-                    }
-                    OutputFormat::Table => println!("{}", table_line(args, r)),
-                }
+                println!("{}", record_line(&LineArgs::of(args), output, r));
                 printed += 1;
                 if args.max_messages.is_some_and(|m| printed >= m) {
                     source.finish(&records[i + 1..]).await?;
@@ -220,9 +217,162 @@ pub fn run(args: &ConsumeArgs) -> Result<(), CliError> {
     })?
 }
 
+/// The group membership `args` ask for.
+fn group_config(args: &ConsumeArgs, group: &str) -> GroupConfig {
+    GroupConfig {
+        group: group.to_owned(),
+        topics: vec![args.topic.clone()],
+        strategy: args.strategy.clone(),
+        broadcast: args.broadcast,
+        instance_id: args.instance_id.clone().unwrap_or_default(),
+        client_id: format!("tidelog-consume-{}", std::process::id()),
+        session_timeout: Duration::from_millis(args.session_timeout_ms),
+        auto_commit: true,
+        auto_commit_interval: Duration::from_millis(args.auto_commit_interval_ms),
+        auto_offset_reset: if args.from_beginning {
+            OffsetReset::Earliest
+        } else {
+            OffsetReset::Latest
+        },
+        rack: args.rack.clone(),
+        ..GroupConfig::default()
+    }
+}
+
+/// The table columns asked for (owned, for the push listener).
+#[derive(Debug, Clone, Copy)]
+struct LineArgs {
+    print_timestamp: bool,
+    print_offset: bool,
+    print_headers: bool,
+    print_key: bool,
+}
+
+impl LineArgs {
+    fn of(args: &ConsumeArgs) -> Self {
+        Self {
+            print_timestamp: args.print_timestamp,
+            print_offset: args.print_offset,
+            print_headers: args.print_headers,
+            print_key: args.print_key,
+        }
+    }
+
+    /// One record as printed: a JSON object or a table line.
+    fn line(&self, output: OutputFormat, r: &ConsumerRecord) -> String {
+        record_line(self, output, r)
+    }
+}
+
+/// One record as printed: a JSON object or a table line.
+fn record_line(args: &LineArgs, output: OutputFormat, r: &ConsumerRecord) -> String {
+    match output {
+        OutputFormat::Json => {
+            let mut line = json!({
+                "topic": r.topic, "partition": r.partition, "offset": r.offset,
+                "timestamp": r.timestamp_ms,
+                "key": json_bytes(r.key.as_deref()),
+                "value": json_bytes(r.value.as_deref()),
+                "headers": headers_json(&r.headers),
+            });
+            if let Some(tag) = &r.tag {
+                line["tag"] = json!(tag);
+            }
+            line.to_string()
+        }
+        OutputFormat::Table => table_line(args, r),
+    }
+}
+
+/// The listener of `consume --push --group`: prints each record it is given, up to
+/// `--max-messages` (records past it are left unfinished, so they are not committed),
+/// answering "later" on the first delivery of every `--nack-every`th record.
+struct PrintListener {
+    line: Box<dyn Fn(&ConsumerRecord) -> String + Send + Sync>,
+    max: Option<u64>,
+    nack_every: Option<u64>,
+    first_deliveries: AtomicU64,
+    printed: AtomicU64,
+    last_printed: parking_lot::Mutex<Instant>,
+}
+
+#[tonic::async_trait]
+impl MessageListener for PrintListener {
+    async fn consume(&self, record: &ConsumerRecord, attempt: u32) -> ConsumeResult {
+        if attempt == 1 {
+            let n = self.first_deliveries.fetch_add(1, Ordering::Relaxed) + 1;
+            if self.nack_every.is_some_and(|every| n.is_multiple_of(every)) {
+                return ConsumeResult::Later;
+            }
+        }
+        let line = (self.line)(record);
+        // The count and the print under one lock: never more than --max-messages. A
+        // record past it is answered "later" until the shutdown abandons it (so it is
+        // not committed).
+        let mut last = self.last_printed.lock();
+        if self
+            .max
+            .is_some_and(|m| self.printed.load(Ordering::Relaxed) >= m)
+        {
+            return ConsumeResult::Later;
+        }
+        println!("{line}");
+        self.printed.fetch_add(1, Ordering::Relaxed);
+        *last = Instant::now();
+        ConsumeResult::Success
+    }
+}
+
+/// `consume --push --group`: a push consumer whose listener prints.
+async fn push_group(
+    args: &ConsumeArgs,
+    bootstrap: Vec<String>,
+    group: String,
+    filter: Option<ConsumerFilter>,
+) -> Result<(), CliError> {
+    let output = args.client.output;
+    let line_args = LineArgs::of(args);
+    let listener = Arc::new(PrintListener {
+        line: Box::new(move |r| line_args.line(output, r)),
+        max: args.max_messages,
+        nack_every: args.nack_every.filter(|n| *n > 0),
+        first_deliveries: AtomicU64::new(0),
+        printed: AtomicU64::new(0),
+        last_printed: parking_lot::Mutex::new(Instant::now()),
+    });
+    let config = PushConfig {
+        group: group_config(args, &group),
+        mode: if args.orderly {
+            ListenMode::Orderly
+        } else {
+            ListenMode::Concurrent
+        },
+        workers: args.workers,
+        filter,
+        // Records past --max-messages are answered "later" until the shutdown: never
+        // given up (which would commit them).
+        local_retries: u32::MAX,
+        ..PushConfig::default()
+    };
+    let consumer = PushConsumer::start(bootstrap, config, listener.clone())?;
+    let idle_limit = args.timeout_ms.map(Duration::from_millis);
+    loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let done = args
+            .max_messages
+            .is_some_and(|m| listener.printed.load(Ordering::Relaxed) >= m);
+        let idle = idle_limit.is_some_and(|l| listener.last_printed.lock().elapsed() >= l);
+        if done || idle || consumer.is_finished() {
+            break;
+        }
+    }
+    consumer.shutdown().await?;
+    Ok(())
+}
+
 /// One record as a table line: the fields asked for, tab-separated, in
 /// kafka-console-consumer's order (timestamp, partition:offset, headers, key, value).
-fn table_line(args: &ConsumeArgs, r: &ConsumerRecord) -> String {
+fn table_line(args: &LineArgs, r: &ConsumerRecord) -> String {
     let mut line = String::new();
     if args.print_timestamp {
         line.push_str(&format!("CreateTime:{}\t", r.timestamp_ms));

@@ -254,11 +254,7 @@ fn parse_topic_selection(text: &str) -> Result<(String, Option<BTreeSet<u32>>), 
     Ok((topic.to_owned(), Some(partitions)))
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
+use crate::broker::node::now_ms;
 
 /// Works out the new offset of every selected partition; changes nothing.
 async fn plan_reset(

@@ -23,6 +23,7 @@ use crate::client::consumer::{Consumer, ConsumerFilter, StartAt};
 use crate::client::group_consumer::{GroupConfig, GroupConsumer, OffsetReset};
 use crate::client::groups::GroupsAdmin;
 use crate::client::producer::{Producer, ProducerConfig, ProducerRecord, RecordFuture};
+use crate::client::push_feed::PushSettings;
 use crate::record::Compression;
 
 /// Latencies kept at most (4 bytes each); above, every n-th record is sampled.
@@ -101,6 +102,13 @@ enum PerfCommand {
         /// Only records passing this SQL92 expression over properties.
         #[arg(long, value_name = "EXPR")]
         filter_sql: Option<String>,
+        /// Receive records over push streams (Broker.Subscribe) instead of fetches.
+        #[arg(long)]
+        push: bool,
+        /// Do not stop at the topic's end: wait for --num-records (a producer is running;
+        /// for end-to-end latency). Still stops on --idle-ms or the request timeout.
+        #[arg(long)]
+        follow: bool,
     },
 }
 
@@ -154,6 +162,8 @@ pub fn run(args: &PerfArgs) -> Result<(), CliError> {
             idle_ms,
             filter_tag,
             filter_sql,
+            push,
+            follow,
         } => {
             let filter = match (filter_tag, filter_sql) {
                 (Some(t), _) => Some(ConsumerFilter::Tag(t.clone())),
@@ -167,8 +177,8 @@ pub fn run(args: &PerfArgs) -> Result<(), CliError> {
                 bootstrap,
                 args.client.timeout(),
                 topic,
-                (*num_records, idle_ms.map(Duration::from_millis)),
-                (group.clone(), filter),
+                (*num_records, idle_ms.map(Duration::from_millis), *follow),
+                (group.clone(), filter, *push),
                 output,
             ))?
         }
@@ -428,8 +438,8 @@ async fn consume(
     bootstrap: Vec<String>,
     timeout: Duration,
     topic: &str,
-    (num_records, idle): (u64, Option<Duration>),
-    (group, filter): (Option<String>, Option<ConsumerFilter>),
+    (num_records, idle, follow): (u64, Option<Duration>, bool),
+    (group, filter, push): (Option<String>, Option<ConsumerFilter>, bool),
     output: OutputFormat,
 ) -> Result<(), CliError> {
     // Offsets are looked up with a plain consumer in both modes.
@@ -475,8 +485,18 @@ async fn consume(
         PerfSource::Assigned(c) => c.set_filter(filter)?,
         PerfSource::Group(g) => g.set_filter(filter)?,
     }
+    if push {
+        match &mut source {
+            PerfSource::Assigned(c) => c.enable_push(PushSettings::default()),
+            PerfSource::Group(g) => g.enable_push(PushSettings::default()),
+        }
+    }
+    // End-to-end latency of each record: from its CreateTime to its arrival here, in µs
+    // (meaningful when consuming while a producer runs; clocks are the same host's).
+    let mut latencies: Vec<u32> = Vec::new();
+    let stride = num_records.div_ceil(LATENCY_SAMPLES_MAX).max(1);
     let cpu_start = cpu_seconds();
-    let start = Instant::now();
+    let mut start = Instant::now();
     let (mut records, mut bytes) = (0u64, 0u64);
     let mut last_report = Instant::now();
     let mut progress = Progress::new();
@@ -508,7 +528,7 @@ async fn consume(
                         )
                 }
             };
-            if at_end {
+            if at_end && !follow {
                 let fresh = end_offsets(&lookup, topic, partitions).await?;
                 if fresh == ends {
                     break ConsumeEnd::Drained;
@@ -522,19 +542,35 @@ async fn consume(
                 return Err(CliError::new(
                     "REQUEST_TIMED_OUT",
                     format!(
-                        "only {records} of {num_records} records arrived and the topic is not at its end; none for {} ms",
+                        "only {records} of {num_records} records arrived{}; none for {} ms",
+                        if follow {
+                            ""
+                        } else {
+                            " and the topic is not at its end"
+                        },
                         timeout.as_millis()
                     ),
                 ));
             }
         } else {
             last_data = Instant::now();
+            if follow && records == 0 {
+                // Following a producer: the rate counts from the first record, not
+                // from however long the producer took to start.
+                start = last_data;
+            }
         }
         for r in batch {
             if records == num_records {
                 break;
             }
             records += 1;
+            if records % stride == 0 {
+                let age_ms = crate::broker::node::now_ms()
+                    .saturating_sub(r.timestamp_ms)
+                    .max(0);
+                latencies.push(u32::try_from(age_ms.saturating_mul(1000)).unwrap_or(u32::MAX));
+            }
             next.insert((r.topic.clone(), r.partition), r.offset + 1);
             bytes += r.value.map_or(0, |v| v.len() as u64) + r.key.map_or(0, |k| k.len() as u64);
         }
@@ -562,11 +598,15 @@ async fn consume(
     if let PerfSource::Group(g) = source {
         g.close().await?;
     }
+    latencies.sort_unstable();
+    let (p50, p99) = (percentile(&latencies, 0.5), percentile(&latencies, 0.99));
     let summary = json!({
         "records": records,
         "seconds": secs,
         "records_per_sec": records as f64 / secs,
         "mb_per_sec": bytes as f64 / 1e6 / secs,
+        "end_to_end_ms_p50": p50,
+        "end_to_end_ms_p99": p99,
         "end": end.as_str(),
         "cpu_seconds": cpu,
         "cpu_seconds_per_gb": cpu_per_gb(cpu, bytes as f64),
@@ -575,7 +615,7 @@ async fn consume(
     match output {
         OutputFormat::Json => println!("{summary}"),
         OutputFormat::Table => println!(
-            "{records} records consumed in {secs:.2} s, {:.1} records/sec ({:.2} MB/sec){}. CPU {cpu:.2} s ({:.2} s/GB).",
+            "{records} records consumed in {secs:.2} s, {:.1} records/sec ({:.2} MB/sec){}. CPU {cpu:.2} s ({:.2} s/GB). End-to-end (CreateTime to here) p50 {p50:.0} ms, p99 {p99:.0} ms.",
             records as f64 / secs,
             bytes as f64 / 1e6 / secs,
             match end {

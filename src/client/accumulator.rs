@@ -21,7 +21,7 @@
 //! functions, tested without I/O; the sender in [`super::producer`] drains ready batches.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::Waker;
 use std::time::{Duration, Instant};
@@ -108,9 +108,23 @@ pub struct BatchResult {
     outcome: OnceLock<BatchOutcome>,
     /// Tasks waiting for the outcome; drained when it is set.
     wakers: Mutex<Vec<Waker>>,
+    /// The partition the batch goes to (changed when fault avoidance moves it).
+    partition: AtomicU32,
 }
 
 impl BatchResult {
+    fn for_partition(partition: u32) -> Self {
+        Self {
+            partition: AtomicU32::new(partition),
+            ..Self::default()
+        }
+    }
+
+    /// The partition the batch went (or goes) to.
+    pub fn partition(&self) -> u32 {
+        self.partition.load(Ordering::Acquire)
+    }
+
     /// The outcome, once there is one.
     pub fn outcome(&self) -> Option<&BatchOutcome> {
         self.outcome.get()
@@ -183,6 +197,8 @@ pub struct DrainedBatch {
     /// Every record is keyless and the batch was not sealed full: draining it moves the
     /// sticky partitioner on.
     pub keyless_unsealed: bool,
+    /// Every record may go to any partition (fault avoidance may move the batch).
+    pub movable: bool,
     id: u64,
 }
 
@@ -190,6 +206,13 @@ impl DrainedBatch {
     /// Unique among the producer's batches.
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// Sends the batch to `partition` instead (fault avoidance; only a movable batch
+    /// whose bytes do not depend on its partition).
+    pub fn move_to(&mut self, partition: u32) {
+        self.partition = partition;
+        self.result.partition.store(partition, Ordering::Release);
     }
 }
 
@@ -205,6 +228,7 @@ struct Batch {
     sealed: bool,
     oneway: bool,
     keyless: bool,
+    movable: bool,
     result: Arc<BatchResult>,
 }
 
@@ -304,14 +328,15 @@ impl Accumulator {
 
     /// Appends a record to `topic`/`partition`'s open batch (opening one when there is
     /// none or the record does not fit), encoding it into the batch. `reserved` is what
-    /// the caller reserved for it with [`Accumulator::reserve`].
+    /// the caller reserved for it with [`Accumulator::reserve`]; `movable`: the record may
+    /// go to any partition (no key, no explicit partition).
     pub fn append(
         &self,
         topic: &str,
         partition: u32,
         record: RecordRef<'_>,
         reserved: usize,
-        oneway: bool,
+        (oneway, movable): (bool, bool),
     ) -> Appended {
         let queue = self.queue(topic, partition);
         let mut q = queue.lock();
@@ -337,7 +362,7 @@ impl Accumulator {
         };
         if !open {
             let id = self.next_batch_id.fetch_add(1, Ordering::Relaxed);
-            let result = Arc::new(BatchResult::default());
+            let result = Arc::new(BatchResult::for_partition(partition));
             self.incomplete.lock().insert(id, result.clone());
             q.batches.push_back(Batch {
                 id,
@@ -350,6 +375,7 @@ impl Accumulator {
                 sealed: false,
                 oneway: true,
                 keyless: true,
+                movable: true,
                 result,
             });
             wake |= q.batches.len() == 1;
@@ -362,6 +388,7 @@ impl Accumulator {
         batch.bytes += reserved;
         batch.oneway &= oneway;
         batch.keyless &= record.key.is_none();
+        batch.movable &= movable;
         let full = batch.bytes >= self.config.batch_size;
         if full {
             batch.sealed = true;
@@ -448,11 +475,60 @@ impl Accumulator {
                     created: b.created,
                     oneway: b.oneway,
                     keyless_unsealed: b.keyless && !b.sealed,
+                    movable: b.movable,
                     id: b.id,
                 });
             }
         }
         (drained, next)
+    }
+
+    /// The partitions holding queued batches that may move (fault avoidance).
+    pub fn partitions_with_movable(&self) -> Vec<(String, u32)> {
+        let topics = self.topics.read();
+        let mut found = Vec::new();
+        for (topic, partitions) in topics.iter() {
+            for (partition, queue) in partitions.iter().enumerate() {
+                if queue.lock().batches.iter().any(|b| b.movable) {
+                    found.push((topic.clone(), partition as u32));
+                }
+            }
+        }
+        found
+    }
+
+    /// Moves `topic`/`from`'s queued movable batches (never sent: nothing numbered them)
+    /// to the queue of partition `to`, sealed, ahead of `to`'s open batch, keeping their
+    /// order. Returns how many moved.
+    pub fn move_batches(&self, topic: &str, from: u32, to: u32) -> usize {
+        if from == to {
+            return 0;
+        }
+        let moved: Vec<Batch> = {
+            let queue = self.queue(topic, from);
+            let mut q = queue.lock();
+            let (moved, kept): (VecDeque<Batch>, VecDeque<Batch>) = std::mem::take(&mut q.batches)
+                .into_iter()
+                .partition(|b| b.movable);
+            q.batches = kept;
+            moved.into()
+        };
+        let count = moved.len();
+        if count == 0 {
+            return 0;
+        }
+        let queue = self.queue(topic, to);
+        let mut q = queue.lock();
+        let open = q.batches.back().is_some_and(|b| !b.sealed);
+        let at = q.batches.len() - usize::from(open);
+        for (i, mut b) in moved.into_iter().enumerate() {
+            b.sealed = true;
+            b.result.partition.store(to, Ordering::Release);
+            q.batches.insert(at + i, b);
+        }
+        drop(q);
+        self.wakeup.notify_one();
+        count
     }
 
     /// Completes a drained batch: its records' futures resolve, its bytes return to the
@@ -472,6 +548,11 @@ impl Accumulator {
             self.incomplete.lock().remove(&id);
             self.memory.add_permits(reserved);
         }
+    }
+
+    /// Wakes the sender (a broker became avoided: queued batches may move).
+    pub fn wake_sender(&self) {
+        self.wakeup.notify_one();
     }
 
     /// Waits until the sender is woken (a batch was created or sealed, or a flush began).
@@ -625,7 +706,7 @@ mod tests {
                 let reserved = record_size_bound(None, Some(&value), &[]);
                 prop_assert!(acc.memory.try_acquire_many(reserved as u32).map(|p| p.forget()).is_ok());
                 reserved_total += reserved;
-                let a = acc.append("t", partition, record(&value), reserved, false);
+                let a = acc.append("t", partition, record(&value), reserved, (false, false));
                 prop_assert!(a.index as usize <= appended[partition as usize].len() - drained[partition as usize].len());
                 appended[partition as usize].push(n);
                 if drain {
@@ -677,7 +758,7 @@ mod tests {
         let value = vec![b'x'; 1000];
         let reserved = record_size_bound(None, Some(&value), &[]);
         let t0 = Instant::now();
-        let first = acc.append("t", 0, record(&value), reserved, false);
+        let first = acc.append("t", 0, record(&value), reserved, (false, false));
         assert_eq!(first.index, 0);
         let (none, next) = acc.drain(t0, |_, _| true);
         assert!(none.is_empty(), "one record, linger not over");
@@ -685,9 +766,9 @@ mod tests {
             next.is_some_and(|n| n > t0),
             "looks again at the linger end"
         );
-        acc.append("t", 0, record(&value), reserved, false);
+        acc.append("t", 0, record(&value), reserved, (false, false));
         // The third does not fit (3 x 1036 > 3000): it seals the first batch.
-        let third = acc.append("t", 0, record(&value), reserved, false);
+        let third = acc.append("t", 0, record(&value), reserved, (false, false));
         assert_eq!(third.index, 0, "starts the second batch");
         assert!(third.sealed_keyless);
         let (batches, _) = acc.drain(t0, |_, _| true);
@@ -700,15 +781,72 @@ mod tests {
         assert_eq!(batches.len(), 1, "lingered long enough");
     }
 
+    #[test]
+    fn moved_batches_go_ahead_of_the_open_batch_and_keyed_ones_stay() {
+        let acc = Accumulator::new(config(3000, 1 << 20));
+        let value = vec![b'x'; 1000];
+        let reserved = record_size_bound(None, Some(&value), &[]);
+        let keyed = RecordRef {
+            key: Some(b"k"),
+            ..record(&value)
+        };
+        // Two records fill a batch. Partition 0: [m m] [m k] [k k] [m], open at the end.
+        let moved_first = acc.append("t", 0, record(&value), reserved, (false, true));
+        acc.append("t", 0, record(&value), reserved, (false, true));
+        acc.append("t", 0, record(&value), reserved, (false, true));
+        let stays = acc.append("t", 0, keyed, reserved, (false, false));
+        acc.append("t", 0, keyed, reserved, (false, false));
+        acc.append("t", 0, keyed, reserved, (false, false));
+        let moved_last = acc.append("t", 0, record(&value), reserved, (false, true));
+        // Partition 1: an open batch that must stay last (open).
+        let open = acc.append("t", 1, keyed, reserved, (false, false));
+        assert_eq!(
+            acc.partitions_with_movable(),
+            vec![("t".to_owned(), 0)],
+            "only partition 0 holds movable batches"
+        );
+        assert_eq!(acc.move_batches("t", 0, 1), 2);
+        assert!(acc.partitions_with_movable() == vec![("t".to_owned(), 1)]);
+        assert_eq!(moved_first.result.partition(), 1);
+        assert_eq!(moved_last.result.partition(), 1);
+        assert_eq!(stays.result.partition(), 0);
+        let t = Instant::now() + Duration::from_secs(1);
+        let mut order = Vec::new();
+        loop {
+            let (batches, _) = acc.drain(t, |_, _| true);
+            if batches.is_empty() {
+                break;
+            }
+            for b in batches {
+                order.push((b.partition, b.builder.len(), b.movable));
+                acc.complete(&b, Ok(0));
+            }
+        }
+        order.sort_by_key(|(p, ..)| *p);
+        assert_eq!(
+            order,
+            vec![
+                (0, 2, false),
+                (0, 2, false),
+                (1, 2, true),
+                (1, 1, true),
+                (1, 1, false)
+            ],
+            "partition 1: the moved batches in their order, then its open batch"
+        );
+        assert_eq!(open.result.partition(), 1);
+        assert_eq!(acc.incomplete_batches(), 0, "every batch drained once");
+    }
+
     #[tokio::test]
     async fn appends_wait_for_memory_and_resume_when_a_batch_completes() {
         let value = vec![b'x'; 1000];
         let reserved = record_size_bound(None, Some(&value), &[]);
         let acc = Arc::new(Accumulator::new(config(1 << 20, 2 * reserved)));
         acc.reserve(reserved).await.unwrap();
-        acc.append("t", 0, record(&value), reserved, false);
+        acc.append("t", 0, record(&value), reserved, (false, false));
         acc.reserve(reserved).await.unwrap();
-        acc.append("t", 0, record(&value), reserved, false);
+        acc.append("t", 0, record(&value), reserved, (false, false));
         let blocked = {
             let acc = acc.clone();
             tokio::spawn(async move { acc.reserve(reserved).await })
@@ -738,8 +876,8 @@ mod tests {
             ..config(1 << 20, 1 << 20)
         }));
         let value = vec![b'x'; 10];
-        let a = acc.append("t", 0, record(&value), 100, false);
-        acc.append("t", 1, record(&value), 100, false);
+        let a = acc.append("t", 0, record(&value), 100, (false, false));
+        acc.append("t", 1, record(&value), 100, (false, false));
         let (none, _) = acc.drain(Instant::now(), |_, _| true);
         assert!(none.is_empty(), "not ready before the linger ends");
         let flush = {

@@ -11,12 +11,17 @@ use super::error::ClientError;
 use crate::api::proto::broker_client::BrokerClient;
 use crate::api::proto::MetadataRequest;
 use crate::error_code::ErrorCode;
+use crate::replication::rack::read_replica;
 
 /// A topic's partitions and their leaders' addresses (None: no leader now).
 #[derive(Debug, Clone)]
 pub struct TopicRoute {
     /// Leader address per partition.
     pub leaders: Vec<Option<String>>,
+    /// Per partition, its in-sync replicas other than the leader: (address, rack).
+    pub followers: Vec<Vec<(String, Option<String>)>>,
+    /// Per partition, the leader's rack.
+    pub leader_racks: Vec<Option<String>>,
 }
 
 /// Routes to partition leaders.
@@ -62,16 +67,32 @@ impl Cluster {
                 format!("topic '{topic}' does not exist"),
             ));
         };
-        let addresses: HashMap<i32, String> = response
+        let brokers: HashMap<i32, (String, Option<String>)> = response
             .brokers
             .into_iter()
-            .map(|b| (b.id, b.address))
+            .map(|b| (b.id, (b.address, b.rack)))
             .collect();
         let route = TopicRoute {
             leaders: t
                 .partitions
                 .iter()
-                .map(|p| p.leader.and_then(|l| addresses.get(&l).cloned()))
+                .map(|p| p.leader.and_then(|l| Some(brokers.get(&l)?.0.clone())))
+                .collect(),
+            followers: t
+                .partitions
+                .iter()
+                .map(|p| {
+                    p.isr
+                        .iter()
+                        .filter(|b| Some(**b) != p.leader)
+                        .filter_map(|b| brokers.get(b).cloned())
+                        .collect()
+                })
+                .collect(),
+            leader_racks: t
+                .partitions
+                .iter()
+                .map(|p| p.leader.and_then(|l| brokers.get(&l)?.1.clone()))
                 .collect(),
         };
         self.routes.write().insert(topic.to_owned(), route.clone());
@@ -101,6 +122,51 @@ impl Cluster {
             .read()
             .get(topic)
             .and_then(|r| r.leaders.get(partition as usize).cloned().flatten())
+    }
+
+    /// `check` of the cached leader of one partition (None: no leader, or not cached),
+    /// without cloning it: the producer's hot path under fault avoidance.
+    pub fn check_leader<T>(
+        &self,
+        topic: &str,
+        partition: u32,
+        check: impl Fn(Option<&str>) -> T,
+    ) -> T {
+        let routes = self.routes.read();
+        let leader = routes
+            .get(topic)
+            .and_then(|r| r.leaders.get(partition as usize))
+            .and_then(|l| l.as_deref());
+        check(leader)
+    }
+
+    /// The address a consumer in `rack` fetches one partition from when it may read
+    /// from followers: an in-sync follower in its rack when the leader is elsewhere
+    /// ([`read_replica`]), else the leader (refreshing once when unknown). The flag says
+    /// whether it is a follower.
+    pub async fn read_address(
+        &self,
+        topic: &str,
+        partition: u32,
+        rack: Option<&str>,
+    ) -> Result<(String, bool), ClientError> {
+        if rack.is_some() {
+            let route = self.route(topic).await?;
+            let i = partition as usize;
+            if route.leaders.get(i).is_some_and(Option::is_some) {
+                let leader_rack = route.leader_racks.get(i).and_then(|r| r.as_deref());
+                let followers = route
+                    .followers
+                    .get(i)
+                    .into_iter()
+                    .flatten()
+                    .map(|(address, r)| (address, r.as_deref()));
+                if let Some(address) = read_replica(rack, leader_rack, followers) {
+                    return Ok((address.clone(), true));
+                }
+            }
+        }
+        Ok((self.leader(topic, partition).await?, false))
     }
 
     /// The leader of one partition (refreshing once when unknown).

@@ -1,14 +1,21 @@
 //! The consumer with manual assignment: assign partitions, seek (earliest, latest, or an
-//! offset), and poll. One fetch per leader broker per poll, all in parallel; a partition
-//! whose leader moved is re-routed after a metadata refresh.
+//! offset), and poll. One fetch per broker per poll, all in parallel; a partition whose
+//! leader moved is re-routed after a metadata refresh.
+//!
+//! With a rack ([`Consumer::set_rack`], Kafka's `client.rack`), a partition whose leader
+//! is in another rack is fetched from an in-sync follower in the consumer's rack when
+//! there is one (KIP-392): it serves records up to the high watermark it knows. A
+//! follower that refuses or fails a fetch sends that partition back to its leader for
+//! [`FOLLOWER_RETRY_AFTER`].
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
 use super::cluster::Cluster;
 use super::error::ClientError;
+use super::push_feed::{PushFeed, PushSettings};
 use crate::api::broker_service::PARTITIONS_PER_REQUEST_MAX;
 use crate::api::proto::broker_client::BrokerClient;
 use crate::api::proto::{
@@ -21,6 +28,9 @@ use crate::record::tag::split_tag;
 
 /// Largest response the consumer accepts (fetches are bounded by `max_bytes` below it).
 const RESPONSE_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+/// After a follower failed a fetch of a partition, its leader serves it this long.
+pub const FOLLOWER_RETRY_AFTER: Duration = Duration::from_secs(30);
 
 /// Where to start reading a partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +87,15 @@ pub struct Consumer {
     positions: BTreeMap<(String, u32), i64>,
     max_bytes: u32,
     filter: Option<RecordFilter>,
+    /// Push mode: records arrive on subscription streams instead of fetches.
+    push: Option<PushFeed>,
+    /// Bumped per poll: each fetch starts at a different partition, so a partition with
+    /// a backlog cannot take every response's byte budget.
+    rotation: usize,
+    /// The consumer's rack: fetch from an in-sync replica there (KIP-392).
+    rack: Option<String>,
+    /// Partitions read from their leader until then, after a follower failed them.
+    leader_only: BTreeMap<(String, u32), Instant>,
 }
 
 /// A server-side filter a consumer subscribes with ([`Consumer::set_filter`]).
@@ -110,7 +129,25 @@ impl Consumer {
             positions: BTreeMap::new(),
             max_bytes: 8 * 1024 * 1024,
             filter: None,
+            push: None,
+            rotation: 0,
+            rack: None,
+            leader_only: BTreeMap::new(),
         }
+    }
+
+    /// The consumer's rack (Kafka's `client.rack`): partitions whose leader is in another
+    /// rack are fetched from an in-sync follower in this one when there is one (not in
+    /// push mode, whose streams come from leaders).
+    pub fn set_rack(&mut self, rack: Option<String>) {
+        self.rack = rack.filter(|r| !r.is_empty());
+    }
+
+    /// Switches to push mode: from the next poll, each leader broker pushes the assigned
+    /// partitions' records over one `Subscribe` stream as they are committed, within the
+    /// window of `settings` (see [`PushFeed`]). `poll` then returns what has arrived.
+    pub fn enable_push(&mut self, settings: PushSettings) {
+        self.push = Some(PushFeed::new(settings, self.filter.clone()));
     }
 
     /// Fetches only records that pass `filter` (`None`: every record). The broker skips
@@ -126,6 +163,9 @@ impl Consumer {
                 ConsumerFilter::Sql(s) => record_filter::Expression::Sql(s),
             }),
         });
+        if let Some(feed) = &mut self.push {
+            feed.set_filter(self.filter.clone());
+        }
         Ok(())
     }
 
@@ -164,6 +204,9 @@ impl Consumer {
             StartAt::Latest => self.list_offset(topic, partition, -1).await?,
         };
         self.positions.insert((topic.to_owned(), partition), offset);
+        if let Some(feed) = &mut self.push {
+            feed.moved(topic, partition);
+        }
         Ok(())
     }
 
@@ -250,15 +293,32 @@ impl Consumer {
     /// Fetches from every assigned partition, waiting up to `max_wait` for data; advances
     /// positions past what it returns.
     pub async fn poll(&mut self, max_wait: Duration) -> Result<Vec<ConsumerRecord>, ClientError> {
-        let mut by_leader: BTreeMap<String, Vec<(String, u32, i64)>> = BTreeMap::new();
+        if let Some(feed) = &mut self.push {
+            return feed
+                .poll(&self.cluster, &mut self.positions, max_wait)
+                .await;
+        }
+        let now = Instant::now();
+        self.leader_only.retain(|_, until| *until > now);
+        // Per broker: (topic, partition, offset, read from a follower).
+        let mut by_leader: BTreeMap<String, Vec<(String, u32, i64, bool)>> = BTreeMap::new();
         for ((topic, partition), offset) in &self.positions {
-            match self.cluster.leader(topic, *partition).await {
-                Ok(leader) => {
-                    by_leader
-                        .entry(leader)
-                        .or_default()
-                        .push((topic.clone(), *partition, *offset))
+            let rack = match self.rack.as_deref() {
+                Some(r)
+                    if self.leader_only.is_empty()
+                        || !self.leader_only.contains_key(&(topic.clone(), *partition)) =>
+                {
+                    Some(r)
                 }
+                _ => None,
+            };
+            match self.cluster.read_address(topic, *partition, rack).await {
+                Ok((broker, follower)) => by_leader.entry(broker).or_default().push((
+                    topic.clone(),
+                    *partition,
+                    *offset,
+                    follower,
+                )),
                 Err(e) if e.is_retriable() => {}
                 Err(e) => return Err(e),
             }
@@ -268,8 +328,12 @@ impl Consumer {
             return Ok(Vec::new());
         }
         let mut tasks = tokio::task::JoinSet::new();
+        self.rotation = self.rotation.wrapping_add(1);
+        let rotation = self.rotation;
         // One request per leader and per PARTITIONS_PER_REQUEST_MAX partitions.
-        let requests = by_leader.into_iter().flat_map(|(leader, parts)| {
+        let requests = by_leader.into_iter().flat_map(|(leader, mut parts)| {
+            let len = parts.len();
+            parts.rotate_left(rotation % len);
             parts
                 .chunks(PARTITIONS_PER_REQUEST_MAX)
                 .map(|chunk| (leader.clone(), chunk.to_vec()))
@@ -277,8 +341,13 @@ impl Consumer {
         });
         for (leader, parts) in requests {
             let channel = self.cluster.connection().channel(&leader)?;
+            let followed: Vec<(String, u32)> = parts
+                .iter()
+                .filter(|p| p.3)
+                .map(|p| (p.0.clone(), p.1))
+                .collect();
             let mut topics: Vec<FetchTopic> = Vec::new();
-            for (topic, partition, offset) in parts {
+            for (topic, partition, offset, _) in parts {
                 let fp = FetchPartition {
                     partition,
                     fetch_offset: offset,
@@ -301,21 +370,33 @@ impl Consumer {
                 // protobuf messages on either side.
                 raw_batches: true,
                 filter: self.filter.clone(),
+                read_from_follower: !followed.is_empty(),
             };
             tasks.spawn(async move {
-                BrokerClient::new(channel)
+                let r = BrokerClient::new(channel)
                     .max_decoding_message_size(RESPONSE_BYTES_MAX)
                     .fetch(request)
-                    .await
+                    .await;
+                (followed, r)
             });
         }
         let mut out = Vec::new();
         let mut stale_topics = Vec::new();
+        let retry_followers_at = Instant::now() + FOLLOWER_RETRY_AFTER;
         while let Some(joined) = tasks.join_next().await {
-            let response = match joined {
-                Ok(Ok(r)) => r.into_inner(),
-                Ok(Err(status)) => {
+            let (followed, response) = match joined {
+                Ok((followed, Ok(r))) => (followed, r.into_inner()),
+                Ok((followed, Err(status))) => {
                     let e = ClientError::new(code_of(&status), status.message().to_owned());
+                    if !followed.is_empty() {
+                        // The followers' broker failed: their leaders serve them a while
+                        // (with fresh metadata: the follower may have left the ISR).
+                        tracing::debug!(error = %e, "a follower fetch failed; reading from leaders");
+                        for key in followed {
+                            stale_topics.push(key.0.clone());
+                            self.leader_only.insert(key, retry_followers_at);
+                        }
+                    }
                     if e.is_retriable() {
                         continue;
                     }
@@ -331,6 +412,14 @@ impl Consumer {
             for t in response.topics {
                 for p in t.partitions {
                     if let Some(e) = ClientError::from_partition(p.error_code, &p.error_message) {
+                        let key = (t.topic.clone(), p.partition);
+                        if followed.contains(&key) {
+                            // The leader answers what this follower could not.
+                            tracing::debug!(topic = %t.topic, partition = p.partition, error = %e, "a follower refused a fetch; reading from the leader");
+                            self.leader_only.insert(key, retry_followers_at);
+                            stale_topics.push(t.topic.clone());
+                            continue;
+                        }
                         if e.is_retriable() {
                             stale_topics.push(t.topic.clone());
                             continue;
@@ -361,6 +450,8 @@ impl Consumer {
                 }
             }
         }
+        stale_topics.sort_unstable();
+        stale_topics.dedup();
         for topic in stale_topics {
             let _ = self.cluster.refresh(&topic).await;
         }

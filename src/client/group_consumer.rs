@@ -69,7 +69,8 @@ pub struct GroupConfig {
     /// Start of partitions without a committed offset.
     pub auto_offset_reset: OffsetReset,
     /// This member's rack (Kafka's `client.rack`): the rack-aware strategy gives it the
-    /// partitions with a replica in this rack first.
+    /// partitions with a replica in this rack first, and fetches go to an in-sync
+    /// replica in this rack when the leader is in another (KIP-392).
     pub rack: Option<String>,
 }
 
@@ -243,6 +244,22 @@ fn to_set(list: &[TopicPartitions]) -> BTreeSet<TopicPartition> {
         .collect()
 }
 
+/// What a layer above the group consumer (the push consumer's listener pool) says about
+/// partitions: how far their records are done, and when they change hands.
+pub trait PartitionHooks: Send + Sync {
+    /// The first offset of `tp` whose record is not done yet (`None`: all handed-out
+    /// records are): commits never pass it.
+    fn commit_floor(&self, tp: &TopicPartition) -> Option<i64>;
+    /// Runs before revoked partitions are committed and released (it may wait, bounded,
+    /// for their records in progress).
+    fn before_release<'a>(
+        &'a self,
+        partitions: &'a BTreeSet<TopicPartition>,
+    ) -> futures_util::future::BoxFuture<'a, ()>;
+    /// The partitions went with a lost membership: their work is not committed.
+    fn lost(&self, partitions: &BTreeSet<TopicPartition>);
+}
+
 /// A member of a consumer group.
 pub struct GroupConsumer {
     shared: Arc<Shared>,
@@ -255,6 +272,7 @@ pub struct GroupConsumer {
     /// How many times the partitions were lost with the membership.
     lost_count: u64,
     task: tokio::task::JoinHandle<()>,
+    hooks: Option<Arc<dyn PartitionHooks>>,
 }
 
 impl GroupConsumer {
@@ -279,15 +297,32 @@ impl GroupConsumer {
                 }
             })
         };
+        let rack = shared.config.rack.clone();
         Self {
             shared,
-            consumer: Consumer::new(bootstrap, Duration::from_secs(30)),
+            consumer: {
+                let mut c = Consumer::new(bootstrap, Duration::from_secs(30));
+                c.set_rack(rack);
+                c
+            },
             paused: BTreeMap::new(),
             last_commit: Instant::now(),
             committed: BTreeMap::new(),
             lost_count: 0,
             task,
+            hooks: None,
         }
+    }
+
+    /// Receives records in push mode ([`Consumer::enable_push`]).
+    pub fn enable_push(&mut self, settings: super::push_feed::PushSettings) {
+        self.consumer.enable_push(settings);
+    }
+
+    /// Sets the hooks that hold commits back to work done and see partitions change
+    /// hands ([`PartitionHooks`]).
+    pub fn set_hooks(&mut self, hooks: Arc<dyn PartitionHooks>) {
+        self.hooks = Some(hooks);
     }
 
     /// The partitions this member holds now.
@@ -323,6 +358,9 @@ impl GroupConsumer {
             // its offsets back. Drop them; they restart from the committed offsets.
             tracing::info!(group = %self.shared.config.group, partitions = lost.len(), "partitions lost with the membership; released without a commit");
             self.lost_count += 1;
+            if let Some(hooks) = &self.hooks {
+                hooks.lost(&lost);
+            }
             for tp in &lost {
                 self.consumer.unassign(&tp.0, tp.1);
                 self.paused.remove(tp);
@@ -337,6 +375,9 @@ impl GroupConsumer {
         }
         let revoked: BTreeSet<TopicPartition> = owned.difference(&target).cloned().collect();
         if !revoked.is_empty() {
+            if let Some(hooks) = self.hooks.clone() {
+                hooks.before_release(&revoked).await;
+            }
             if self.shared.config.auto_commit {
                 if let Err(e) = self.commit_partitions(&revoked).await {
                     tracing::warn!(error = %e, "commit of revoked partitions failed");
@@ -479,15 +520,18 @@ impl GroupConsumer {
         partitions
             .iter()
             .filter_map(|tp| {
-                let position = self
+                let mut position = *self
                     .consumer
                     .positions()
                     .get(tp)
                     .or_else(|| self.paused.get(tp))?;
-                (self.committed.get(tp) != Some(position)).then(|| CommittedOffset {
+                if let Some(floor) = self.hooks.as_ref().and_then(|h| h.commit_floor(tp)) {
+                    position = position.min(floor);
+                }
+                (self.committed.get(tp) != Some(&position)).then(|| CommittedOffset {
                     topic: tp.0.clone(),
                     partition: tp.1,
-                    offset: *position,
+                    offset: position,
                     metadata: String::new(),
                 })
             })

@@ -1,9 +1,13 @@
 //! The Rust client: the CLI uses only this.
 //!
 //! - [`admin`]: topics and cluster state;
-//! - [`producer`], [`accumulator`], [`partitioner`]: batching producer (records encoded into
-//!   per-partition batches as they are sent) and Kafka-compatible partitioning;
+//! - [`producer`], [`accumulator`], [`partitioner`], [`fault`]: batching producer (records
+//!   encoded into per-partition batches as they are sent), Kafka-compatible partitioning,
+//!   and avoidance of slow or failing brokers;
 //! - [`consumer`]: manual assignment, seek and poll;
+//! - [`push_feed`]: the consumer's push mode (records pushed over Subscribe streams);
+//! - [`push_consumer`]: a group member that runs a listener on pushed records
+//!   (concurrently or in order per partition);
 //! - [`cluster`]: partition leaders from the Metadata RPC;
 //! - [`controller`]: the broker's side of the broker lifecycle API;
 //! - [`connection`]: bootstrap lists, channels, and the shared retry loop.
@@ -15,10 +19,13 @@ pub mod connection;
 pub mod consumer;
 pub mod controller;
 pub mod error;
+pub mod fault;
 pub mod group_consumer;
 pub mod groups;
 pub mod partitioner;
 pub mod producer;
+pub mod push_consumer;
+pub mod push_feed;
 
 pub use admin::AdminClient;
 pub use error::ClientError;

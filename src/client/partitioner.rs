@@ -80,6 +80,14 @@ impl Partitioner {
         }
     }
 
+    /// The sticky partitioner continues on `partition` (fault avoidance moved it off the
+    /// one it had); round-robin is left as it is.
+    pub fn stick_to(&self, partition: u32) {
+        if self.mode == Partitioning::Sticky {
+            self.counter.store(partition, Ordering::Relaxed);
+        }
+    }
+
     /// A batch of keyless records was sent: the sticky partitioner moves on.
     pub fn batch_done(&self) {
         if self.mode == Partitioning::Sticky {

@@ -24,6 +24,15 @@
 //! finally failed. When a batch finally fails (its outcome unknown), the producer takes a
 //! new producer id, so later batches start a fresh sequence.
 //!
+//! Fault avoidance (on by default, [`super::fault`]): records that may go to any partition
+//! (no key, no explicit partition, no selector) skip partitions led by a broker whose
+//! requests recently failed or stalled, and such records' batches still queued for those
+//! partitions move to a partition led by another broker. A batch already sent stays on
+//! its partition when idempotent (retried byte for byte, so never written twice); without
+//! idempotence, where a retry may duplicate anyway, a failed one is retried on another
+//! broker's partition (RocketMQ's `retryAnotherBrokerWhenNotStoreOK`). Keyed records keep
+//! their partition and wait for it.
+//!
 //! Why not Kafka's five in flight per partition: produce requests are gRPC calls, which a
 //! server runs concurrently, so two in flight for a partition may be appended in either
 //! order; and a leader accepts any first sequence from a producer id it does not know.
@@ -46,6 +55,7 @@ use super::accumulator::{
 use super::admin::AdminClient;
 use super::cluster::Cluster;
 use super::error::ClientError;
+use super::fault::{self, FaultTracker, Outcome};
 use super::partitioner::{Partitioner, Partitioning};
 use crate::api::proto::broker_client::BrokerClient;
 use crate::api::proto::{PartitionProduceData, ProduceRequest, ProduceResponse, TopicProduceData};
@@ -89,6 +99,9 @@ pub struct ProducerConfig {
     /// Largest produce request in bytes of batches (Kafka's `max.request.size`); a batch
     /// larger than this goes alone.
     pub max_request_size: usize,
+    /// Records that may go to any partition avoid brokers whose requests recently failed
+    /// or stalled (RocketMQ's `sendLatencyFaultEnable`; see [`super::fault`]).
+    pub fault_avoidance: bool,
 }
 
 /// A custom partition selector: given the record and the partition count, the partition.
@@ -128,6 +141,7 @@ impl Default for ProducerConfig {
             partition_selector: None,
             buffer_memory: 32 * 1024 * 1024,
             max_request_size: 1024 * 1024,
+            fault_avoidance: true,
         }
     }
 }
@@ -173,7 +187,6 @@ enum RecordState {
     Batch {
         batch: Arc<BatchResult>,
         index: u32,
-        partition: u32,
         registered: Option<Waker>,
     },
     Failed(ClientError),
@@ -190,14 +203,9 @@ impl RecordFuture {
     pub fn try_result(&self) -> Option<Result<RecordMetadata, ClientError>> {
         match &self.state {
             RecordState::Failed(e) => Some(Err(e.clone())),
-            RecordState::Batch {
-                batch,
-                index,
-                partition,
-                ..
-            } => batch
+            RecordState::Batch { batch, index, .. } => batch
                 .outcome()
-                .map(|o| metadata(&o.result, *index, *partition)),
+                .map(|o| metadata(&o.result, *index, batch.partition())),
         }
     }
 
@@ -238,10 +246,9 @@ impl Future for RecordFuture {
             RecordState::Batch {
                 batch,
                 index,
-                partition,
                 registered,
             } => match batch.register(cx.waker(), registered) {
-                Some(o) => Poll::Ready(metadata(&o.result, *index, *partition)),
+                Some(o) => Poll::Ready(metadata(&o.result, *index, batch.partition())),
                 None => Poll::Pending,
             },
         }
@@ -270,6 +277,7 @@ struct Shared {
     config: ProducerConfig,
     partitioner: Partitioner,
     accumulator: Accumulator,
+    faults: FaultTracker,
     identity: tokio::sync::Mutex<Option<Identity>>,
     generation: std::sync::atomic::AtomicU64,
 }
@@ -303,6 +311,36 @@ impl Shared {
         }
     }
 
+    /// How much longer records that may go anywhere avoid `topic`/`partition` (None:
+    /// they do not): as long as its broker is avoided; for ever while it has no leader.
+    fn leader_avoided_for(&self, topic: &str, partition: u32) -> Option<Duration> {
+        self.cluster.check_leader(topic, partition, |l| match l {
+            Some(l) => self.faults.avoided_for(l),
+            None => Some(Duration::MAX),
+        })
+    }
+
+    /// Whether records that may go anywhere avoid `topic`/`partition` now.
+    fn leader_avoided(&self, topic: &str, partition: u32) -> bool {
+        self.leader_avoided_for(topic, partition).is_some()
+    }
+
+    /// The partition for a record that may go anywhere, given the partitioner's choice:
+    /// the first from it whose leader is not avoided (the sticky partitioner continues
+    /// there).
+    fn avoid_faults(&self, topic: &str, preferred: u32, count: u32) -> u32 {
+        if !self.config.fault_avoidance || !self.faults.any() {
+            return preferred;
+        }
+        let p = fault::best_partition(preferred, count, fault::SEND_PROBES, |p| {
+            self.leader_avoided_for(topic, p)
+        });
+        if p != preferred {
+            self.partitioner.stick_to(p);
+        }
+        p
+    }
+
     /// The partition for `record` from cached metadata, or None when the topic's routes
     /// are not cached (the caller resolves them, awaiting).
     fn cached_partition(&self, record: &ProducerRecord) -> Option<Result<u32, ClientError>> {
@@ -330,6 +368,7 @@ impl Producer {
                 buffer_memory: config.buffer_memory,
                 compression: config.compression,
             }),
+            faults: FaultTracker::default(),
             identity: tokio::sync::Mutex::new(None),
             generation: std::sync::atomic::AtomicU64::new(0),
             config,
@@ -411,6 +450,9 @@ impl Producer {
             headers.push((TAG_HEADER, Some(tag.as_bytes())));
         }
         let (key, value) = (record.key.as_deref(), record.value.as_deref());
+        let movable = record.partition.is_none()
+            && key.is_none()
+            && shared.config.partition_selector.is_none();
         let reserved = record_size_bound(key, value, &headers);
         if let Err(e) = shared.accumulator.reserve(reserved).await {
             return RecordFuture::failed(e);
@@ -425,7 +467,7 @@ impl Producer {
                 headers: &headers,
             },
             reserved,
-            oneway,
+            (oneway, movable),
         );
         if appended.sealed_keyless {
             shared.partitioner.batch_done();
@@ -434,7 +476,6 @@ impl Producer {
             state: RecordState::Batch {
                 batch: appended.result,
                 index: appended.index,
-                partition,
                 registered: None,
             },
         }
@@ -501,7 +542,13 @@ fn choose_partition(
                 }
                 Ok(p)
             }
-            None => Ok(shared.partitioner.partition(record.key.as_deref(), count)),
+            None => {
+                let p = shared.partitioner.partition(record.key.as_deref(), count);
+                Ok(match record.key {
+                    Some(_) => p,
+                    None => shared.avoid_faults(&record.topic, p, count),
+                })
+            }
         },
     }
 }
@@ -546,6 +593,8 @@ struct Sender {
     /// The batches each request task carries, to fail them should the task die.
     requests: HashMap<tokio::task::Id, Vec<u64>>,
     tasks: JoinSet<Vec<(u64, Result<i64, ClientError>)>>,
+    /// When queued batches were last moved off avoided brokers.
+    moved_at: Option<Instant>,
 }
 
 impl Sender {
@@ -556,6 +605,7 @@ impl Sender {
             in_flight: HashMap::new(),
             requests: HashMap::new(),
             tasks: JoinSet::new(),
+            moved_at: None,
         }
     }
 
@@ -608,9 +658,12 @@ impl Sender {
     /// with nothing in flight. Returns when to look again.
     async fn send_ready(&mut self) -> Option<Instant> {
         let now = Instant::now();
+        self.move_off_avoided(now);
         let config = &self.shared.config;
         let in_flight_max = config.max_in_flight.max(1);
-        let mut next: Option<Instant> = None;
+        // While a broker is avoided, look again soon: queued batches may have to move.
+        let mut next: Option<Instant> = (config.fault_avoidance && self.shared.faults.any())
+            .then(|| now + Duration::from_millis(100));
         let mut outgoing: Vec<u64> = Vec::new();
         for (key, f) in &mut self.in_flight {
             match f.retry_at {
@@ -643,6 +696,75 @@ impl Sender {
             self.dispatch(outgoing);
         }
         next
+    }
+
+    /// Moves queued batches that may go anywhere off partitions whose leader is avoided,
+    /// to the next partition whose leader is not (at most every 100 ms: it looks at every
+    /// partition's queue).
+    fn move_off_avoided(&mut self, now: Instant) {
+        let shared = &self.shared;
+        if !shared.config.fault_avoidance
+            || !shared.faults.any()
+            || self
+                .moved_at
+                .is_some_and(|at| now < at + Duration::from_millis(100))
+        {
+            return;
+        }
+        self.moved_at = Some(now);
+        for (topic, from) in shared.accumulator.partitions_with_movable() {
+            let Some(count) = shared.cluster.cached_partition_count(&topic) else {
+                continue;
+            };
+            if from >= count || !shared.leader_avoided(&topic, from) {
+                continue;
+            }
+            let to = fault::best_partition((from + 1) % count, count, count, |p| {
+                shared.leader_avoided_for(&topic, p)
+            });
+            if to != from && !shared.leader_avoided(&topic, to) {
+                let moved = shared.accumulator.move_batches(&topic, from, to);
+                tracing::debug!(%topic, from, to, moved, "queued batches moved off an avoided broker");
+            }
+        }
+    }
+
+    /// Without idempotence, a failed batch that may go anywhere and whose leader is now
+    /// avoided is retried on the next partition whose leader is not, when nothing of that
+    /// partition is in flight (a retry may duplicate without idempotence anyway).
+    fn retry_elsewhere(&mut self, f: &mut InFlight) {
+        let shared = self.shared.clone();
+        let (topic, from) = (f.batch.topic.clone(), f.batch.partition);
+        if !shared.config.fault_avoidance
+            || f.generation.is_some()
+            || !f.batch.movable
+            || !shared.leader_avoided(&topic, from)
+        {
+            return;
+        }
+        let Some(count) = shared.cluster.cached_partition_count(&topic) else {
+            return;
+        };
+        let busy = |p: u32| {
+            let muted = self
+                .partitions
+                .get(&topic)
+                .and_then(|l| l.get(p as usize))
+                .is_some_and(|s| s.muted);
+            if muted {
+                Some(Duration::MAX)
+            } else {
+                shared.leader_avoided_for(&topic, p)
+            }
+        };
+        let to = fault::best_partition((from + 1) % count, count, count, busy);
+        if to == from || busy(to).is_some() {
+            return;
+        }
+        tracing::debug!(%topic, from, to, "retrying a failed batch on another broker's partition");
+        self.partition(&topic, from).muted = false;
+        self.partition(&topic, to).muted = true;
+        f.batch.move_to(to);
     }
 
     /// Numbers (when idempotent) and encodes drained batches; returns their keys.
@@ -785,6 +907,7 @@ impl Sender {
             {
                 f.attempts += 1;
                 tracing::debug!(topic = %f.batch.topic, partition = f.batch.partition, error = %e, attempt = f.attempts, "produce failed; retrying");
+                self.retry_elsewhere(&mut f);
                 f.retry_at = Some(Instant::now() + config.retry_backoff);
                 self.in_flight.insert(key, f);
             }
@@ -815,14 +938,32 @@ async fn produce(
     acks: i32,
     batches: Vec<Outgoing>,
 ) -> Vec<(u64, Result<i64, ClientError>)> {
-    let results: Vec<(u64, Result<i64, ClientError>)> =
-        match send_request(&shared, leader, acks, &batches).await {
-            Ok(response) => batches
-                .iter()
-                .map(|b| (b.key, answer(&response, &b.topic, b.partition)))
-                .collect(),
-            Err(e) => batches.iter().map(|b| (b.key, Err(e.clone()))).collect(),
-        };
+    let leader = match (leader, batches.first()) {
+        (Some(l), _) => Ok(l),
+        (None, Some(b)) => shared.cluster.leader(&b.topic, b.partition).await,
+        (None, None) => Err(ClientError::new(
+            ErrorCode::InvalidRequest,
+            "a produce request without batches",
+        )),
+    };
+    let response = match leader {
+        Ok(leader) => {
+            watched(
+                &shared,
+                &leader,
+                send_request(&shared, &leader, acks, &batches),
+            )
+            .await
+        }
+        Err(e) => Err(e),
+    };
+    let results: Vec<(u64, Result<i64, ClientError>)> = match response {
+        Ok(response) => batches
+            .iter()
+            .map(|b| (b.key, answer(&response, &b.topic, b.partition)))
+            .collect(),
+        Err(e) => batches.iter().map(|b| (b.key, Err(e.clone()))).collect(),
+    };
     let mut refreshed: Vec<&str> = Vec::new();
     for (b, (_, r)) in batches.iter().zip(&results) {
         if r.as_ref().is_err_and(ClientError::is_retriable)
@@ -835,23 +976,68 @@ async fn produce(
     results
 }
 
+/// Runs a produce request to `broker`, telling the fault tracker how it goes: as it
+/// stalls (at each latency level while unanswered) and how it ended.
+async fn watched(
+    shared: &Shared,
+    broker: &str,
+    request: impl Future<Output = Result<ProduceResponse, ClientError>>,
+) -> Result<ProduceResponse, ClientError> {
+    if !shared.config.fault_avoidance {
+        return request.await;
+    }
+    let started = Instant::now();
+    let mut request = std::pin::pin!(request);
+    let mut levels = fault::stall_levels();
+    let result = loop {
+        let Some(level) = levels.next() else {
+            break request.await;
+        };
+        tokio::select! {
+            r = &mut request => break r,
+            () = tokio::time::sleep_until((started + level).into()) => {
+                if shared.faults.record(broker, level, Outcome::Waiting) {
+                    shared.accumulator.wake_sender();
+                }
+            }
+        }
+    };
+    let outcome = match &result {
+        Ok(r) if !refused_by_fault(r) => Outcome::Answered,
+        Err(e) if !e.is_retriable() => Outcome::Answered,
+        _ => Outcome::Failed,
+    };
+    if shared.faults.record(broker, started.elapsed(), outcome) {
+        shared.accumulator.wake_sender();
+    }
+    result
+}
+
+/// Whether a produce response refused a partition for a fault of the broker (not enough
+/// replicas, a storage error, a timeout) rather than stale metadata (not the leader, an
+/// unknown partition), which a metadata refresh mends.
+fn refused_by_fault(response: &ProduceResponse) -> bool {
+    response
+        .topics
+        .iter()
+        .flat_map(|t| &t.partitions)
+        .filter_map(|p| ClientError::from_partition(p.error_code, &p.error_message))
+        .any(|e| {
+            e.is_retriable()
+                && !matches!(
+                    e.code,
+                    ErrorCode::NotLeaderOrFollower | ErrorCode::UnknownTopicOrPartition
+                )
+        })
+}
+
 async fn send_request(
     shared: &Shared,
-    leader: Option<String>,
+    leader: &str,
     acks: i32,
     batches: &[Outgoing],
 ) -> Result<ProduceResponse, ClientError> {
-    let leader = match (leader, batches.first()) {
-        (Some(l), _) => l,
-        (None, Some(b)) => shared.cluster.leader(&b.topic, b.partition).await?,
-        (None, None) => {
-            return Err(ClientError::new(
-                ErrorCode::InvalidRequest,
-                "a produce request without batches",
-            ))
-        }
-    };
-    let channel = shared.cluster.connection().channel(&leader)?;
+    let channel = shared.cluster.connection().channel(leader)?;
     let mut topics: Vec<TopicProduceData> = Vec::new();
     for b in batches {
         let data = PartitionProduceData {

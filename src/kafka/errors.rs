@@ -65,6 +65,8 @@ pub fn kafka_error(code: ErrorCode) -> ResponseError {
         C::GroupSubscribedToTopic => K::GroupSubscribedToTopic,
         // Kafka clients send no filters; the nearest kin if one ever shows.
         C::InvalidFilterExpression => K::InvalidRequest,
+        // Kafka has no push subscriptions; a retriable throttle is its nearest kin.
+        C::PushSessionLimitExceeded => K::ThrottlingQuotaExceeded,
     }
 }
 

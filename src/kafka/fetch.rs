@@ -4,6 +4,12 @@
 //! same records as read-uncommitted ones: without transactions the last stable offset is
 //! the high watermark and no transaction is ever aborted.
 //!
+//! Fetch from a follower (KIP-392): from v11 a consumer's fetch may be served by an
+//! in-sync follower (up to the high watermark it knows), and a leader asked by a consumer
+//! with a `rack_id` names an in-sync follower in that rack as `preferred_read_replica`
+//! (with no records, answered at once) when it is itself in another rack; the client then
+//! fetches from that follower.
+//!
 //! Fetch sessions (KIP-227) are refused: every answer carries session id 0, which tells
 //! the client that no session was created, so it keeps sending full fetches; a request
 //! for an existing session gets FETCH_SESSION_ID_NOT_FOUND, after which clients start
@@ -65,6 +71,9 @@ impl KafkaHandler {
         // Resolve names (by id from v13) and pre-check each partition; `slots` keeps the
         // request's order, each either a target index or a ready error.
         let mut targets: Vec<FetchTarget> = Vec::new();
+        // Per target, the follower a rack-aware consumer is sent to (KIP-392).
+        let mut preferred_replicas: Vec<Option<crate::types::BrokerId>> = Vec::new();
+        let consumer_rack: &str = if version >= 11 { &r.rack_id } else { "" };
         let mut topics: Vec<(FetchableTopicResponse, Vec<Result<usize, PartitionData>>)> =
             Vec::new();
         for t in &r.topics {
@@ -110,24 +119,47 @@ impl KafkaHandler {
                     slots.push(Err(error_partition(p.partition, code)));
                     continue;
                 }
+                let preferred = if consumer_rack.is_empty() {
+                    None
+                } else {
+                    self.node.preferred_read_replica(
+                        name,
+                        p.partition as u32,
+                        consumer_rack,
+                        p.fetch_offset as u64,
+                    )
+                };
                 slots.push(Ok(targets.len()));
+                // Redirected partitions read nothing here (their state only).
+                preferred_replicas.push(preferred);
                 targets.push(FetchTarget {
                     topic: name.clone(),
                     partition: p.partition as u32,
                     offset: p.fetch_offset as u64,
-                    max_bytes: p.partition_max_bytes.max(1) as usize,
+                    max_bytes: if preferred.is_some() {
+                        0
+                    } else {
+                        p.partition_max_bytes.max(1) as usize
+                    },
                     filter: None,
+                    follower_ok: version >= 11,
                 });
             }
             topics.push((entry, slots));
         }
+        // A redirect is answered at once, as Kafka does.
+        let max_wait = if preferred_replicas.iter().any(Option::is_some) {
+            0
+        } else {
+            r.max_wait_ms.max(0) as u64
+        };
         let results = if targets.is_empty() {
             Vec::new()
         } else {
             self.node
                 .fetch(
                     targets.clone(),
-                    Duration::from_millis(r.max_wait_ms.max(0) as u64),
+                    Duration::from_millis(max_wait),
                     r.min_bytes.max(0) as usize,
                     if r.max_bytes > 0 {
                         r.max_bytes as usize
@@ -154,9 +186,13 @@ impl KafkaHandler {
                                     .with_last_stable_offset(d.high_watermark.as_i64())
                                     .with_log_start_offset(d.log_start_offset.as_i64())
                                     .with_aborted_transactions(Some(Vec::new()))
-                                    .with_preferred_read_replica(BrokerId(-1))
+                                    .with_preferred_read_replica(BrokerId(
+                                        preferred_replicas[i].map_or(-1, |b| b.0),
+                                    ))
                                     .with_records(Some(d.records)),
-                                Some(Err(e)) => error_partition(index, kafka_code(e.code)),
+                                Some(Err(e)) => {
+                                    error_partition(index, self.fetch_error_code(&targets[i], &e))
+                                }
                                 None => {
                                     error_partition(index, ResponseError::UnknownServerError.code())
                                 }
@@ -170,6 +206,27 @@ impl KafkaHandler {
         FetchResponse::default()
             .with_session_id(0)
             .with_responses(responses)
+    }
+}
+
+impl KafkaHandler {
+    /// The Kafka error code of a failed partition read. An in-sync follower asked for an
+    /// offset beyond its log answers OFFSET_OUT_OF_RANGE, as Kafka's followers do: Kafka
+    /// clients take that from a preferred read replica as "go back to the leader" (which
+    /// answers records or the real OFFSET_OUT_OF_RANGE), where NOT_LEADER_OR_FOLLOWER
+    /// would keep them at the follower until their metadata ages out.
+    fn fetch_error_code(&self, target: &FetchTarget, e: &crate::broker::BrokerError) -> i16 {
+        let beyond_follower_log = e.code == ErrorCode::NotLeaderOrFollower
+            && target.follower_ok
+            && self
+                .node
+                .in_sync_follower(&target.topic, target.partition)
+                .is_some();
+        if beyond_follower_log {
+            kafka_code(ErrorCode::OffsetOutOfRange)
+        } else {
+            kafka_code(e.code)
+        }
     }
 }
 

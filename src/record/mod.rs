@@ -11,6 +11,7 @@
 mod batch;
 mod builder;
 mod compression;
+mod rebatch;
 mod record_codec;
 pub mod tag;
 
@@ -27,6 +28,7 @@ pub use batch::{
 };
 pub use builder::BatchBuilder;
 pub use compression::Compression;
+pub use rebatch::keep_records;
 pub use record_codec::{encode_record, Header, Record, RecordRef, RecordView};
 
 /// Why a batch or record could not be decoded or encoded.

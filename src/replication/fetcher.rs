@@ -361,6 +361,7 @@ impl FetchLoop {
                 leader_epoch: f.epoch.0,
                 fetch_offset: offset.as_i64(),
                 max_bytes: self.config.partition_max_bytes as u32,
+                high_watermark: Some(local.log.high_watermark().as_i64()),
             });
             sent.insert(key, (f, offset, local));
         }

@@ -4,6 +4,7 @@
 //!
 //! - [`progress`]: pure rules: caught-up time, high watermark, ISR shrink and expand;
 //! - [`truncation`]: pure rule: where a follower cuts its log for a new leader;
+//! - [`rack`]: pure rule: the replica a consumer in a rack reads from (KIP-392);
 //! - [`replica`]: [`LocalPartition`], one stored partition with its role;
 //! - [`fetcher`]: a follower's fetch loop against one leader broker;
 //! - [`isr_queue`]: ISR changes waiting for the controllers, one per partition.
@@ -14,6 +15,7 @@
 pub mod fetcher;
 pub mod isr_queue;
 pub mod progress;
+pub mod rack;
 pub mod replica;
 pub mod truncation;
 

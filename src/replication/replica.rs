@@ -198,6 +198,20 @@ impl LocalPartition {
         }
     }
 
+    /// The log end the leader last heard from `follower` (None unless this broker leads
+    /// and has heard from it).
+    pub fn follower_log_end(&self, follower: BrokerId) -> Option<Offset> {
+        match &*self.role.read() {
+            Role::Leader(l) => l
+                .view
+                .lock()
+                .followers
+                .get(&follower)
+                .map(|p| p.log_end_offset),
+            _ => None,
+        }
+    }
+
     /// A receiver that changes when the high watermark advances or the role changes.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.changed.subscribe()
@@ -370,7 +384,11 @@ impl LocalPartition {
                 .map_err(|e| ReplicaError::from_log(&self.name(), e))?;
         }
         let end = self.log.log_end_offset();
-        self.log.set_high_watermark(leader_high_watermark.min(end));
+        let before = self.log.high_watermark();
+        if self.log.set_high_watermark(leader_high_watermark.min(end)) > before {
+            // Consumers fetching from this follower (KIP-392) wait for it.
+            self.bump();
+        }
         if leader_log_start > self.log.log_start_offset() {
             // The leader deleted records (retention or DeleteRecords): so do we.
             self.log

@@ -919,3 +919,36 @@ pub fn available(why: Option<String>, require_var: &str, install: &str) -> bool 
     eprintln!("skipping: {why} (run {install} to install it)");
     false
 }
+
+/// Bytes `tidelog_bytes_out_total` counts for `topic` at the broker whose HTTP port is
+/// `http` (what it served to consumers).
+pub fn bytes_out(http: &str, topic: &str) -> f64 {
+    let (status, body) = http_get(http, "/metrics").expect("GET /metrics");
+    assert_eq!(status, 200);
+    let label = format!("topic=\"{topic}\"");
+    body.lines()
+        .filter(|l| l.starts_with("tidelog_bytes_out_total{") && l.contains(&label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A standalone server holding `topic` (`partitions` partitions, one replica): its data
+/// directory (removed on drop), the process and its address.
+pub async fn server_with_topic(topic: &str, partitions: u32) -> (tempfile::TempDir, Proc, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_ports(1)[0];
+    let server = standalone(dir.path(), port);
+    let bootstrap = format!("127.0.0.1:{port}");
+    tidelog::client::AdminClient::new(vec![bootstrap.clone()], Duration::from_secs(10))
+        .create_topic(topic, Some(partitions), Some(1), Default::default())
+        .await
+        .unwrap();
+    (dir, server, bootstrap)
+}
+
+/// [`bytes_out`] of `topic` at each broker of `c`, in broker id order.
+pub fn bytes_out_per_broker(c: &BrokerCluster, topic: &str) -> Vec<f64> {
+    (1..=c.brokers.len() as i32)
+        .map(|id| bytes_out(&c.broker_http_address(id), topic))
+        .collect()
+}

@@ -329,6 +329,15 @@ def admin(bootstrap, topic):
                                         for tp in listed.topic_partitions}}))
 
 
+def delete_records(bootstrap, topic, partitions, before):
+    """Deletes the records before offset `before` of every partition (DeleteRecords)."""
+    a = AdminClient({"bootstrap.servers": bootstrap})
+    tps = [TopicPartition(topic, p, int(before)) for p in range(int(partitions))]
+    futs = a.delete_records(tps)
+    print(json.dumps({f"{tp.partition}": f.result(timeout=30).low_watermark
+                      for tp, f in futs.items()}))
+
+
 def consume(bootstrap, topic, partitions, n):
     c = Consumer({
         "bootstrap.servers": bootstrap,
@@ -359,4 +368,5 @@ def consume(bootstrap, topic, partitions, n):
 if __name__ == "__main__":
     {"create": create, "produce": produce, "consume": consume, "group_consume": group_consume,
      "member": member, "committed": committed, "roundtrip": roundtrip, "groups": groups,
-     "produce_through_failures": produce_through_failures, "admin": admin}[sys.argv[1]](*sys.argv[2:])
+     "produce_through_failures": produce_through_failures, "admin": admin,
+     "delete_records": delete_records}[sys.argv[1]](*sys.argv[2:])

@@ -19,9 +19,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::filter::RecordFilter;
-use crate::record::{
-    BatchBuilder, BatchIter, Compression, RecordBatch, RecordRef, MAX_UNCOMPRESSED_BATCH_BYTES,
-};
+use crate::record::{keep_records, BatchIter, RecordBatch};
 use crate::segment::{read_header_at, read_vec_at_most};
 use crate::types::Offset;
 
@@ -251,9 +249,7 @@ impl PartitionLog {
     }
 }
 
-/// Appends to `out` the records of `batch` with an offset in `[from, until)` that pass
-/// `filter`: the stored batch itself when every record of it passes, else a new
-/// uncompressed batch of the passing ones. `Err` says why the records do not decode.
+/// Appends the records of `batch` in `[from, until)` that pass `filter` ([`keep_records`]).
 fn keep_passing(
     batch: &RecordBatch<'_>,
     from: u64,
@@ -261,47 +257,13 @@ fn keep_passing(
     filter: &RecordFilter,
     out: &mut Vec<u8>,
 ) -> Result<(), String> {
-    let h = *batch.header();
-    let passes = |r: &crate::record::RecordView<'_>| {
-        let offset = r.offset as u64;
-        offset >= from && offset < until && filter.matches(r)
-    };
-    let (mut kept, mut first_kept) = (0usize, None);
-    batch
-        .for_each_record(MAX_UNCOMPRESSED_BATCH_BYTES, |r| {
-            if passes(&r) {
-                kept += 1;
-                first_kept.get_or_insert(r.offset);
-            }
-            Ok(())
-        })
-        .map_err(|e| e.to_string())?;
-    let Some(base) = first_kept else {
-        return Ok(());
-    };
-    if kept == h.record_count as usize {
-        out.extend_from_slice(batch.as_bytes());
-        return Ok(());
-    }
-    let mut builder =
-        BatchBuilder::new(Compression::None).partition_leader_epoch(h.partition_leader_epoch);
-    batch
-        .for_each_record(MAX_UNCOMPRESSED_BATCH_BYTES, |r| {
-            if passes(&r) {
-                let headers: Vec<(&str, Option<&[u8]>)> = r.headers().collect();
-                builder.push_at(
-                    (r.offset - base) as i32,
-                    RecordRef {
-                        timestamp: r.timestamp,
-                        key: r.key,
-                        value: r.value,
-                        headers: &headers,
-                    },
-                );
-            }
-            Ok(())
-        })
-        .map_err(|e| e.to_string())?;
-    out.extend_from_slice(&builder.build(base).map_err(|e| e.to_string())?);
-    Ok(())
+    keep_records(
+        batch,
+        |r| {
+            let offset = r.offset as u64;
+            offset >= from && offset < until && filter.matches(r)
+        },
+        out,
+    )
+    .map(|_| ())
 }
