@@ -12,6 +12,7 @@ const PROTOS: &[&str] = &[
     "proto/tidelog/v1/broker.proto",
     "proto/tidelog/v1/replication.proto",
     "proto/tidelog/v1/groups.proto",
+    "proto/tidelog/v1/timer_internal.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -274,6 +274,13 @@ pub struct BrokerConfig {
     /// How long a classic group starting from empty waits for more members before its
     /// first generation (Kafka's `group.initial.rebalance.delay.ms`) (ms).
     pub group_initial_rebalance_delay_ms: u64,
+    /// Partitions of `__timers` (pending delayed records) when it is created (on first
+    /// use); each has a mover on its leader.
+    pub timers_topic_num_partitions: u32,
+    /// Replication factor of `__timers` (capped at the live brokers).
+    pub timers_topic_replication_factor: u32,
+    /// Longest delay a record may ask for (ms; RocketMQ's `timerMaxDelaySec`).
+    pub max_delay_ms: u64,
     /// Most connections open at once on the listener.
     pub connections_max: usize,
     /// Longest a new connection may take to open with the HTTP/2 preface (ms).
@@ -332,6 +339,9 @@ impl Default for BrokerConfig {
             offsets_cleanup_min_records: 10_000,
             group_consumer_session_timeout_ms: 45_000,
             group_initial_rebalance_delay_ms: 3_000,
+            timers_topic_num_partitions: 12,
+            timers_topic_replication_factor: 3,
+            max_delay_ms: 40 * 24 * 3600 * 1000,
             connections_max: 10_000,
             connection_handshake_timeout_ms: 10_000,
             connections_max_idle_ms: 600_000,
@@ -414,6 +424,20 @@ impl BrokerConfig {
             return bad(format!(
                 "replica_fetch_max_bytes must be at least 1024 and at most replica_fetch_response_max_bytes, got {} and {}",
                 self.replica_fetch_max_bytes, self.replica_fetch_response_max_bytes
+            ));
+        }
+        if !(1..=1_000).contains(&self.timers_topic_num_partitions)
+            || self.timers_topic_replication_factor == 0
+        {
+            return bad(format!(
+                "timers_topic_num_partitions must be 1 to 1000 and timers_topic_replication_factor at least 1, got {} and {}",
+                self.timers_topic_num_partitions, self.timers_topic_replication_factor
+            ));
+        }
+        if self.max_delay_ms == 0 || self.max_delay_ms > 365 * 24 * 3600 * 1000 {
+            return bad(format!(
+                "max_delay_ms must be 1 to 31536000000 (a year), got {}",
+                self.max_delay_ms
             ));
         }
         if !(1..=10_000).contains(&self.offsets_topic_num_partitions) {

@@ -96,6 +96,8 @@ error_codes! {
     GroupSubscribedToTopic = "GROUP_SUBSCRIBED_TO_TOPIC", false, "The group's members subscribe to the topic; its offsets cannot be deleted while they do.";
     InvalidFilterExpression = "INVALID_FILTER_EXPRESSION", false, "A fetch's tag or SQL filter expression does not parse or breaks a limit; the message points at the problem. Nothing was read.";
     PushSessionLimitExceeded = "PUSH_SESSION_LIMIT_EXCEEDED", true, "The broker serves its maximum of 1,024 push subscriptions already; retry later (or at another broker), or consume with Fetch.";
+    InvalidDelay = "INVALID_DELAY", false, "A record's delay_ms or deliver_at_ms is negative, beyond max_delay_ms, or both are given; nothing was written.";
+    UnknownScheduledRecord = "UNKNOWN_SCHEDULED_RECORD", false, "No pending scheduled record has this id: it is malformed or unknown, or the record was delivered or cancelled already.";
 }
 
 impl fmt::Display for ErrorCode {

@@ -41,6 +41,8 @@ enum Command {
     Cluster(cli::cluster::ClusterArgs),
     /// Decode segment files (.log, .index, .timeindex), like kafka-dump-log.sh.
     DumpLog(cli::dump_log::DumpLogArgs),
+    /// Cancel scheduled (delayed) records before they are due.
+    Scheduled(cli::scheduled::ScheduledArgs),
     /// Offline repair of a damaged partition: shows what it would drop; --execute applies.
     Repair(cli::repair::RepairArgs),
 }
@@ -78,6 +80,7 @@ fn main() -> ExitCode {
         Command::Cluster(a) => cli::cluster::run(a),
         Command::DumpLog(a) => cli::dump_log::run(a),
         Command::Repair(a) => cli::repair::run(a),
+        Command::Scheduled(a) => cli::scheduled::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

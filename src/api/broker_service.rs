@@ -11,14 +11,17 @@ use tonic::{Request, Response, Status};
 use super::convert;
 use super::proto::broker_server::Broker;
 use super::proto::{
-    self, BrokerAddress, ConsumedRecord, FetchPartitionResponse, FetchRequest, FetchResponse,
-    FetchTopicResponse, ListOffsetsPartitionResponse, ListOffsetsRequest, ListOffsetsResponse,
+    self, BrokerAddress, CancelScheduledRequest, CancelScheduledResponse, ConsumedRecord,
+    FetchPartitionResponse, FetchRequest, FetchResponse, FetchTopicResponse,
+    ListOffsetsPartitionResponse, ListOffsetsRequest, ListOffsetsResponse,
     ListOffsetsTopicResponse, MetadataRequest, MetadataResponse, PartitionProduceResponse,
     ProduceRequest, ProduceResponse, SubscribeRequest, TopicProduceResponse,
 };
 use super::push_service::{PushStream, PUSH_SESSIONS_MAX};
 use super::status::{error_status, to_wire};
-use crate::broker::node::{Acks, FetchTarget, OffsetQuery};
+use crate::broker::node::{now_ms, Acks, FetchTarget, OffsetQuery};
+use crate::broker::timer::codec::{TimerId, TIMERS_TOPIC};
+use crate::broker::timer::{delivered_size, schedule_entry, Timers, TIMERS_MAX_MESSAGE_BYTES};
 use crate::broker::{BrokerError, BrokerNode};
 use crate::client::AdminClient;
 use crate::controller::validation;
@@ -47,6 +50,9 @@ pub struct BrokerService {
     acks0_in_flight: Arc<tokio::sync::Semaphore>,
     /// Bounds the push subscriptions served at once.
     push_sessions: Arc<tokio::sync::Semaphore>,
+    /// Durable timers for records produced with a delay, and the client that creates
+    /// `__timers`; without them such records are refused.
+    timers: Option<(Arc<Timers>, AdminClient)>,
 }
 
 /// Most acks=0 appends running at once after their answer; further acks=0 produces wait
@@ -61,7 +67,15 @@ impl BrokerService {
             auto_create,
             acks0_in_flight: Arc::new(tokio::sync::Semaphore::new(ACKS0_IN_FLIGHT_MAX)),
             push_sessions: Arc::new(tokio::sync::Semaphore::new(PUSH_SESSIONS_MAX)),
+            timers: None,
         }
+    }
+
+    /// Schedules records produced with a delay through `timers`; `admin` creates
+    /// `__timers` on first use.
+    pub fn with_timers(mut self, timers: Arc<Timers>, admin: AdminClient) -> Self {
+        self.timers = Some((timers, admin));
+        self
     }
 
     /// Creates `names` with the default partition count and replication factor, then waits
@@ -130,12 +144,6 @@ fn check_partition_count(request: &str, count: usize) -> Result<(), Status> {
     Ok(())
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
-
 /// Encodes the records of one partition as one batch.
 fn encode_records(data: &proto::PartitionProduceData) -> Result<Vec<u8>, BrokerError> {
     if !data.record_batches.is_empty() {
@@ -200,6 +208,24 @@ fn encode_records(data: &proto::PartitionProduceData) -> Result<Vec<u8>, BrokerE
             format!("cannot encode records: {e}"),
         )
     })
+}
+
+/// `__timers`'s configuration: segments small enough for retention to free space soon,
+/// kept a week beyond the longest delay (a record is delivered before its segment can go).
+fn timers_topic_config(max_delay: Duration) -> std::collections::BTreeMap<String, String> {
+    [
+        ("segment.bytes".to_owned(), (64 * 1024 * 1024).to_string()),
+        (
+            "retention.ms".to_owned(),
+            (max_delay.as_millis() as u64 + 7 * 24 * 3600 * 1000).to_string(),
+        ),
+        ("retention.bytes".to_owned(), "-1".to_owned()),
+        (
+            "max.message.bytes".to_owned(),
+            TIMERS_MAX_MESSAGE_BYTES.to_string(),
+        ),
+    ]
+    .into()
 }
 
 fn leader_fields(e: &BrokerError) -> (Option<i32>, Option<String>) {
@@ -314,13 +340,7 @@ impl Broker for BrokerService {
             for p in &t.partitions {
                 let topic = t.topic.as_str();
                 pending.push(async move {
-                    let outcome = match encode_records(p) {
-                        Ok(bytes) => {
-                            self.produce_one(topic, p.partition, bytes, acks, timeout)
-                                .await
-                        }
-                        Err(e) => Err(e),
-                    };
+                    let outcome = self.produce_partition(topic, p, acks, timeout).await;
                     (topic, p.partition, outcome)
                 });
             }
@@ -329,10 +349,11 @@ impl Broker for BrokerService {
         let mut topics: Vec<TopicProduceResponse> = Vec::with_capacity(r.topics.len());
         for (topic, partition, outcome) in outcomes {
             let response = match outcome {
-                Ok((base, start)) => PartitionProduceResponse {
+                Ok((base, start, scheduled_ids)) => PartitionProduceResponse {
                     partition,
                     base_offset: base,
                     log_start_offset: start,
+                    scheduled_ids,
                     ..Default::default()
                 },
                 Err(e) => {
@@ -345,6 +366,7 @@ impl Broker for BrokerService {
                         log_start_offset: -1,
                         leader_id,
                         leader_address,
+                        scheduled_ids: Vec::new(),
                     }
                 }
             };
@@ -482,6 +504,28 @@ impl Broker for BrokerService {
         .map(Response::new)
     }
 
+    async fn cancel_scheduled(
+        &self,
+        request: Request<CancelScheduledRequest>,
+    ) -> Result<Response<CancelScheduledResponse>, Status> {
+        let text = request.into_inner().id;
+        let Some((timers, _)) = &self.timers else {
+            return Err(error_status(
+                ErrorCode::UnknownScheduledRecord,
+                "this server schedules no records",
+                None,
+            ));
+        };
+        let id: TimerId = text
+            .parse()
+            .map_err(|e: String| error_status(ErrorCode::UnknownScheduledRecord, e, None))?;
+        timers
+            .cancel(id)
+            .await
+            .map_err(|e| error_status(e.code, e.message, None))?;
+        Ok(Response::new(CancelScheduledResponse {}))
+    }
+
     async fn list_offsets(
         &self,
         request: Request<ListOffsetsRequest>,
@@ -596,6 +640,120 @@ impl Broker for BrokerService {
 }
 
 impl BrokerService {
+    /// One partition of a Produce: records with a delay are scheduled (all delays are
+    /// checked before anything is written), the others appended.
+    async fn produce_partition(
+        &self,
+        topic: &str,
+        p: &proto::PartitionProduceData,
+        acks: i32,
+        timeout: Duration,
+    ) -> Result<(i64, i64, Vec<String>), BrokerError> {
+        let delayed = |r: &proto::Record| r.delay_ms.is_some() || r.deliver_at_ms.is_some();
+        if !p.records.iter().any(delayed) {
+            let (base, start) = self
+                .produce_one(topic, p.partition, encode_records(p)?, acks, timeout)
+                .await?;
+            return Ok((base, start, Vec::new()));
+        }
+        validation::check_client_may_change(topic, "produce to")
+            .map_err(|e| BrokerError::new(e.code, e.message))?;
+        let Some((timers, admin)) = &self.timers else {
+            return Err(BrokerError::new(
+                ErrorCode::InvalidRequest,
+                "this server does not schedule delayed records",
+            ));
+        };
+        let now = now_ms();
+        let (later, now_records): (Vec<_>, Vec<_>) = p.records.iter().cloned().partition(delayed);
+        let mut entries = Vec::with_capacity(later.len());
+        for (i, r) in p.records.iter().enumerate().filter(|(_, r)| delayed(r)) {
+            let due = timers
+                .due_time(now, r.delay_ms, r.deliver_at_ms)
+                .map_err(|why| {
+                    BrokerError::new(
+                        ErrorCode::InvalidDelay,
+                        format!(
+                            "partition {}: record {i}: {why}; nothing was written",
+                            p.partition
+                        ),
+                    )
+                })?;
+            let mut headers: Vec<(String, Option<Bytes>)> = r
+                .headers
+                .iter()
+                .map(|h| (h.key.clone(), h.value.clone()))
+                .collect();
+            if let Some(tag) = &r.tag {
+                headers.push((TAG_HEADER.to_owned(), Some(Bytes::from(tag.clone()))));
+            }
+            let entry = schedule_entry(
+                topic,
+                p.partition,
+                due,
+                r.timestamp_ms.unwrap_or(now),
+                r.key.clone(),
+                r.value.clone(),
+                headers,
+            );
+            // Delivered in a batch of its own at worst: that batch must fit the topic.
+            let size = delivered_size(&entry) + crate::record::HEADER_LEN;
+            let limit = self
+                .node
+                .topic_config(topic)
+                .max_message_bytes
+                .min(TIMERS_MAX_MESSAGE_BYTES);
+            if size > limit {
+                return Err(BrokerError::new(
+                    ErrorCode::RecordTooLarge,
+                    format!(
+                        "partition {}: record {i} takes up to {size} bytes when delivered; the limit (max.message.bytes) is {limit}; nothing was written",
+                        p.partition
+                    ),
+                ));
+            }
+            entries.push(entry);
+        }
+        // Every record passes the same checks as an appended one (tags, timestamps,
+        // sizes) before anything is written.
+        encode_records(&proto::PartitionProduceData {
+            records: later,
+            ..p.clone()
+        })?;
+        let appended = if now_records.is_empty() {
+            None
+        } else {
+            Some(encode_records(&proto::PartitionProduceData {
+                records: now_records,
+                ..p.clone()
+            })?)
+        };
+        if timers.partition_count().is_none() {
+            super::internal_topics::ensure(
+                &self.node,
+                admin,
+                super::internal_topics::InternalTopic {
+                    name: TIMERS_TOPIC,
+                    partitions: timers.settings().partitions,
+                    replication_factor: timers.settings().replication_factor,
+                    config: timers_topic_config(timers.settings().max_delay),
+                    not_ready: ErrorCode::NotLeaderOrFollower,
+                },
+            )
+            .await?;
+        }
+        let ids = timers.schedule(topic, p.partition, entries).await?;
+        let ids: Vec<String> = ids.iter().map(ToString::to_string).collect();
+        let (base, start) = match appended {
+            Some(bytes) => {
+                self.produce_one(topic, p.partition, bytes, acks, timeout)
+                    .await?
+            }
+            None => (-1, -1),
+        };
+        Ok((base, start, ids))
+    }
+
     async fn produce_one(
         &self,
         topic: &str,

@@ -95,58 +95,19 @@ impl GroupsService {
     /// Creates `__consumer_offsets` if it does not exist, and waits until this broker's
     /// metadata shows it with leaders.
     async fn ensure_offsets_topic(&self) -> Result<(), BrokerError> {
-        if self.node.metadata().topic(OFFSETS_TOPIC).is_none() {
-            let settings = self.coordinator.settings();
-            let live = self.node.metadata().read(|image| {
-                image
-                    .brokers
-                    .values()
-                    .filter(|b| b.state == crate::controller::model::BrokerState::Unfenced)
-                    .count() as u32
-            });
-            let rf = settings.offsets_replication_factor.min(live.max(1));
-            let config: BTreeMap<String, String> =
-                [("segment.bytes".to_owned(), (100 * 1024 * 1024).to_string())].into();
-            match self
-                .admin
-                .create_topic(
-                    OFFSETS_TOPIC,
-                    Some(settings.offsets_partitions),
-                    Some(rf),
-                    config,
-                )
-                .await
-            {
-                Ok(_) => tracing::info!(
-                    partitions = settings.offsets_partitions,
-                    replication_factor = rf,
-                    "created {OFFSETS_TOPIC}"
-                ),
-                Err(e) if e.code == ErrorCode::TopicAlreadyExists => {}
-                Err(e) => return Err(BrokerError::new(e.code, e.message)),
-            }
-        }
-        let mut version = self.node.metadata().subscribe();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            let ready = self
-                .node
-                .metadata()
-                .topic(OFFSETS_TOPIC)
-                .is_some_and(|t| t.partitions.iter().all(|p| p.leader.is_some()));
-            if ready {
-                return Ok(());
-            }
-            if tokio::time::timeout_at(deadline, version.changed())
-                .await
-                .is_err()
-            {
-                return Err(BrokerError::new(
-                    ErrorCode::CoordinatorLoadInProgress,
-                    format!("{OFFSETS_TOPIC} is not ready yet"),
-                ));
-            }
-        }
+        let settings = self.coordinator.settings();
+        super::internal_topics::ensure(
+            &self.node,
+            &self.admin,
+            super::internal_topics::InternalTopic {
+                name: OFFSETS_TOPIC,
+                partitions: settings.offsets_partitions,
+                replication_factor: settings.offsets_replication_factor,
+                config: [("segment.bytes".to_owned(), (100 * 1024 * 1024).to_string())].into(),
+                not_ready: ErrorCode::CoordinatorLoadInProgress,
+            },
+        )
+        .await
     }
 
     /// The coordinator of `group` (creating `__consumer_offsets` on first use): the

@@ -16,6 +16,7 @@ pub const INTERNAL_SERVICES: &[&str] = &[
     "tidelog.v1.Raft",
     "tidelog.v1.Controller",
     "tidelog.v1.Replication",
+    "tidelog.v1.Timers",
 ];
 
 /// The internal service a request path (`/package.Service/Method`) names, if any.

@@ -23,7 +23,8 @@ fn grpc_code(code: ErrorCode) -> Code {
     match code {
         ErrorCode::UnknownTopicOrPartition
         | ErrorCode::BrokerNotRegistered
-        | ErrorCode::GroupIdNotFound => Code::NotFound,
+        | ErrorCode::GroupIdNotFound
+        | ErrorCode::UnknownScheduledRecord => Code::NotFound,
         ErrorCode::NotCoordinator | ErrorCode::CoordinatorLoadInProgress => Code::Unavailable,
         ErrorCode::UnknownMemberId
         | ErrorCode::FencedMemberEpoch
@@ -49,6 +50,7 @@ fn grpc_code(code: ErrorCode) -> Code {
         | ErrorCode::InconsistentGroupProtocol
         | ErrorCode::InvalidSessionTimeout
         | ErrorCode::InvalidFilterExpression
+        | ErrorCode::InvalidDelay
         | ErrorCode::CorruptMessage => Code::InvalidArgument,
         ErrorCode::OffsetOutOfRange => Code::OutOfRange,
         ErrorCode::RequestTimedOut => Code::DeadlineExceeded,

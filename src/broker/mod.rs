@@ -23,6 +23,7 @@ pub mod partition_manager;
 pub mod producer_ids;
 pub mod push;
 pub mod replica_manager;
+pub mod timer;
 pub mod traffic;
 
 pub use error::BrokerError;

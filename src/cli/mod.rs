@@ -12,6 +12,7 @@ pub mod perf;
 pub mod produce;
 pub mod progress;
 pub mod repair;
+pub mod scheduled;
 pub mod server_roles;
 pub mod text;
 pub mod topics;

@@ -8,7 +8,7 @@ use serde_json::json;
 
 use super::client_args::{block_on, ClientArgs};
 use super::{CliError, OutputFormat};
-use crate::client::producer::{Producer, ProducerConfig, ProducerRecord};
+use crate::client::producer::{Due, Producer, ProducerConfig, ProducerRecord};
 
 /// Flags of `tidelog produce`.
 #[derive(Debug, clap::Args)]
@@ -41,6 +41,13 @@ pub struct ProduceArgs {
     /// A tag for every record (for tag filters; stored as the `tidelog.tag` header).
     #[arg(long)]
     tag: Option<String>,
+    /// Deliver every record this many ms from now instead of at once (a scheduled record:
+    /// invisible to consumers until then; prints its id with --output json).
+    #[arg(long, conflicts_with = "deliver_at", allow_negative_numbers = true)]
+    delay_ms: Option<i64>,
+    /// Deliver every record at this time (RFC 3339, e.g. 2026-12-24T18:00:00Z).
+    #[arg(long)]
+    deliver_at: Option<String>,
     /// How long a record may take to be acknowledged, retries included (ms).
     #[arg(long, default_value_t = 120_000)]
     timeout_ms: u64,
@@ -88,6 +95,19 @@ pub fn run(args: &ProduceArgs) -> Result<(), CliError> {
         crate::record::tag::check_tag(tag)
             .map_err(|why| CliError::new("INVALID_RECORD", format!("--tag '{tag}' {why}")))?;
     }
+    let due = match (args.delay_ms, &args.deliver_at) {
+        (Some(ms), _) if ms < 0 => {
+            return Err(CliError::new(
+                "INVALID_DELAY",
+                format!("--delay-ms is {ms}; it must be >= 0"),
+            ))
+        }
+        (Some(ms), _) => Some(Due::DelayMs(ms)),
+        (None, Some(at)) => Some(Due::AtMs(crate::time_text::parse_rfc3339_ms(at).map_err(
+            |e| CliError::new("INVALID_DELAY", format!("--deliver-at '{at}': {e}")),
+        )?)),
+        (None, None) => None,
+    };
     let config = ProducerConfig {
         acks,
         batch_size: args.batch_size,
@@ -108,7 +128,35 @@ pub fn run(args: &ProduceArgs) -> Result<(), CliError> {
                 }
             }
         });
+        let producer = std::sync::Arc::new(producer);
         let mut pending = std::collections::VecDeque::new();
+        let mut scheduled = std::collections::VecDeque::new();
+        let report_scheduled = |r: Result<
+            Result<crate::client::producer::Scheduled, crate::client::ClientError>,
+            tokio::task::JoinError,
+        >,
+                                failed: &mut Option<CliError>,
+                                acknowledged: &mut u64| match r {
+            Ok(Ok(s)) => {
+                *acknowledged += 1;
+                if output == OutputFormat::Json {
+                    println!(
+                        "{}",
+                        json!({"topic": args.topic, "partition": s.partition, "scheduled_id": s.id})
+                    );
+                }
+            }
+            Ok(Err(e)) => {
+                if failed.is_none() {
+                    *failed = Some(e.into());
+                }
+            }
+            Err(e) => {
+                if failed.is_none() {
+                    *failed = Some(CliError::new("UNKNOWN_SERVER_ERROR", e.to_string()));
+                }
+            }
+        };
         let mut failed: Option<CliError> = None;
         let mut acknowledged = 0u64;
         let report = |r: Result<
@@ -159,6 +207,18 @@ pub fn run(args: &ProduceArgs) -> Result<(), CliError> {
                 tag: args.tag.clone(),
                 timestamp_ms: None,
             };
+            if let Some(due) = due {
+                // Scheduled records go one request each; a window of them in flight.
+                scheduled.push_back(tokio::spawn({
+                    let producer = producer.clone();
+                    async move { producer.schedule(record, due).await }
+                }));
+                while scheduled.len() > 64 {
+                    let r = scheduled.pop_front().expect("non-empty").await;
+                    report_scheduled(r, &mut failed, &mut acknowledged);
+                }
+                continue;
+            }
             pending.push_back(producer.send(record).await);
             // Report in order, without holding more than a window of futures.
             while pending.len() > 10_000 {
@@ -167,6 +227,9 @@ pub fn run(args: &ProduceArgs) -> Result<(), CliError> {
             }
         }
         producer.flush().await;
+        while let Some(f) = scheduled.pop_front() {
+            report_scheduled(f.await, &mut failed, &mut acknowledged);
+        }
         while let Some(f) = pending.pop_front() {
             report(f.await, &mut failed, &mut acknowledged);
         }
@@ -174,7 +237,12 @@ pub fn run(args: &ProduceArgs) -> Result<(), CliError> {
             Some(e) => Err(e),
             None => {
                 if output == OutputFormat::Table {
-                    eprintln!("{acknowledged} records acknowledged");
+                    let what = if due.is_some() {
+                        "scheduled"
+                    } else {
+                        "acknowledged"
+                    };
+                    eprintln!("{acknowledged} records {what}");
                 }
                 Ok(())
             }

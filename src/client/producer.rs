@@ -63,6 +63,9 @@ use crate::error_code::ErrorCode;
 use crate::record::tag::{check_tag, TAG_HEADER};
 use crate::record::{BatchBuilder, Compression, RecordRef};
 
+mod schedule;
+pub use schedule::{Due, Scheduled};
+
 /// Partitions one produce request may name (the broker's limit).
 const PARTITIONS_PER_REQUEST_MAX: usize = 1_000;
 

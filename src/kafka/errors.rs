@@ -67,6 +67,10 @@ pub fn kafka_error(code: ErrorCode) -> ResponseError {
         C::InvalidFilterExpression => K::InvalidRequest,
         // Kafka has no push subscriptions; a retriable throttle is its nearest kin.
         C::PushSessionLimitExceeded => K::ThrottlingQuotaExceeded,
+        // A bad delay header: the record is refused, as Kafka refuses a bad record.
+        C::InvalidDelay => K::InvalidRecord,
+        // Kafka clients cannot cancel scheduled records; the nearest kin.
+        C::UnknownScheduledRecord => K::InvalidRequest,
     }
 }
 

@@ -18,8 +18,10 @@ use crate::api::proto::admin_server::AdminServer;
 use crate::api::proto::broker_server::BrokerServer;
 use crate::api::proto::groups_server::GroupsServer;
 use crate::api::proto::replication_server::ReplicationServer;
+use crate::api::proto::timers_server::TimersServer;
 use crate::api::replication_service::ReplicationService;
 use crate::api::request_metrics::RequestMetricsLayer;
+use crate::api::timer_service::{TimerPeerClient, TimerService};
 use crate::broker::controller_link::{BrokerIdentity, ControllerLink};
 use crate::broker::group::{GroupCoordinator, GroupSettings};
 use crate::broker::lease::LeaderLease;
@@ -28,6 +30,7 @@ use crate::broker::node::BrokerLimits;
 use crate::broker::partition_manager::PartitionManager;
 use crate::broker::producer_ids::{ProducerIdBlocks, DEFAULT_BLOCK_SIZE as PRODUCER_ID_BLOCK_SIZE};
 use crate::broker::replica_manager::{ReplicaManager, ReplicationSettings};
+use crate::broker::timer::{TimerSettings, Timers};
 use crate::broker::BrokerNode;
 use crate::client::connection::parse_bootstrap;
 use crate::client::AdminClient;
@@ -46,6 +49,7 @@ pub struct BrokerRuntime {
     controllers: Vec<String>,
     secret: Arc<ClusterSecret>,
     config: BrokerConfig,
+    timers: Arc<Timers>,
 }
 
 /// Where a broker is reached: clients at `client`, other brokers at `internal`.
@@ -170,7 +174,18 @@ impl BrokerRuntime {
                 ..GroupSettings::default()
             },
         );
+        let timers = Arc::new(Timers::new(
+            node.clone(),
+            TimerSettings {
+                partitions: config.timers_topic_num_partitions,
+                replication_factor: config.timers_topic_replication_factor,
+                max_delay: Duration::from_millis(config.max_delay_ms),
+                ..TimerSettings::default()
+            },
+            Arc::new(TimerPeerClient::new(node.clone(), secret.clone())),
+        ));
         Ok(Self {
+            timers,
             node,
             groups,
             link,
@@ -201,9 +216,12 @@ impl BrokerRuntime {
             )
         };
         let auto_create = self.config.auto_create_topics_enable.then(controllers);
-        let broker = BrokerServer::new(BrokerService::new(self.node.clone(), auto_create))
-            .max_decoding_message_size(self.config.max_request_bytes)
-            .max_encoding_message_size(self.config.fetch_max_bytes + 1024 * 1024);
+        let broker = BrokerServer::new(
+            BrokerService::new(self.node.clone(), auto_create)
+                .with_timers(self.timers.clone(), controllers()),
+        )
+        .max_decoding_message_size(self.config.max_request_bytes)
+        .max_encoding_message_size(self.config.fetch_max_bytes + 1024 * 1024);
         let admin = AdminServer::new(self.admin_service(local));
         let replication = ReplicationServer::new(ReplicationService::new(self.node.clone()))
             .max_decoding_message_size(self.config.max_request_bytes)
@@ -214,6 +232,13 @@ impl BrokerRuntime {
             controllers(),
         ));
         (broker, admin, replication, groups)
+    }
+
+    /// The internal Timers service (scheduling, cancelling and delivering delayed records
+    /// between brokers).
+    pub fn timer_service(&self) -> TimersServer<TimerService> {
+        TimersServer::new(TimerService::new(self.node.clone(), self.timers.clone()))
+            .max_decoding_message_size(self.config.max_request_bytes)
     }
 
     /// The Admin service as this broker serves it: calls go to `local` when given
@@ -319,6 +344,7 @@ impl BrokerRuntime {
                 .clone()
                 .run_producer_id_blocks(self.node.producer_ids().clone(), cancel.clone()),
         );
+        tasks.spawn(self.timers.clone().run(cancel.clone()));
         tasks.spawn(self.link.clone().run_metadata(cancel.clone()));
         tasks.spawn(self.link.clone().run_heartbeats(cancel.clone()));
         Ok(())
@@ -464,6 +490,7 @@ pub async fn run(config: BrokerConfig) -> Result<(), RoleError> {
     let internal = super::server_builder()
         .layer(CodeLayer)
         .add_service(replication)
+        .add_service(runtime.timer_service())
         .serve_with_incoming_shutdown(
             crate::net::serve_incoming(
                 internal_listener,

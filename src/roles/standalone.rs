@@ -120,6 +120,7 @@ pub async fn run(
             Callers::Nodes,
         )))
         .add_service(replication_service)
+        .add_service(runtime.timer_service())
         .serve_with_incoming_shutdown(
             crate::net::serve_incoming(
                 internal_listener,

@@ -313,6 +313,31 @@ pub fn cli(args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// Runs a client subcommand with `input` on stdin; returns (success, stdout, stderr).
+pub fn cli_stdin(args: &[&str], input: &str) -> (bool, String, String) {
+    use std::io::Write;
+    let mut child = Command::new(binary())
+        .args(args)
+        .env_remove("TIDELOG_BOOTSTRAP")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run tidelog");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().expect("wait for tidelog");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// Polls `check` every 50 ms until it returns `Some`, or panics after `within`.
 pub async fn eventually<T, F, Fut>(what: &str, within: Duration, mut check: F) -> T
 where

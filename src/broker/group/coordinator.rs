@@ -417,7 +417,7 @@ impl GroupCoordinator {
             let subscribed: Vec<_> = image
                 .topics
                 .values()
-                .filter(|t| t.name != OFFSETS_TOPIC)
+                .filter(|t| !crate::controller::validation::is_reserved_topic(&t.name))
                 .filter(|t| {
                     state.members.values().any(|m| m.topics.contains(&t.name))
                         || patterns.iter().any(|p| p.is_match(&t.name))

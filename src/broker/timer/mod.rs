@@ -1,0 +1,993 @@
+//! Durable timers: records produced with a delay wait in the replicated internal topic
+//! `__timers` and are appended to their target partition when due, exactly once.
+//!
+//! - **Scheduling.** The timers of a target partition live in one `__timers` partition
+//!   ([`codec::timer_partition_for`]); its leader appends a `Schedule` record (acks=all)
+//!   and the record's id names that partition, offset and due time.
+//! - **Moving.** The leader of each `__timers` partition runs a mover: it loads the
+//!   partition ([`state::TimerState`], a replay of its log), records an `Owner` (the
+//!   producer id it delivers with, and a producer epoch one above the last leader's, so a
+//!   deposed leader's late sends are fenced), then delivers due timers: per target, it
+//!   first appends an `Intent` (acks=all) naming the timers, the producer id, epoch and
+//!   sequence, then sends one idempotent batch to the target's leader, then records
+//!   `Done`. A new leader resends the one unconfirmed batch per target with the same
+//!   producer id, epoch and sequence, which the target's producer state recognises when
+//!   it did arrive: each record lands once.
+//! - **Cancelling** appends a `Cancel` while the timer is still pending.
+
+pub mod codec;
+pub mod state;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use parking_lot::Mutex;
+use prost::Message;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use self::codec::{
+    timer_partition_for, Done, Dropped, Entry, Intent, Owner, Schedule, TimerId, TimerRecord,
+    TIMERS_TOPIC,
+};
+use self::state::{plan_batches, DueTimer, TimerState};
+use crate::broker::error::BrokerError;
+use crate::broker::node::{now_ms, Acks, BrokerNode};
+use crate::error_code::ErrorCode;
+use crate::partition::Isolation;
+use crate::record::{decode_data_records, BatchBuilder, Compression, RecordRef};
+use crate::replication::replica::LocalPartition;
+use crate::types::{BrokerId, LeaderEpoch, Offset};
+
+/// Header of a delivered record: the timestamp it was produced with (decimal ms).
+pub const ORIGINAL_TIMESTAMP_HEADER: &str = "tidelog.delay.original.timestamp";
+/// Header of a delivered record: its scheduled record id.
+pub const TIMER_ID_HEADER: &str = "tidelog.delay.id";
+
+/// Largest batch the timers append to `__timers` (more records go in more batches).
+const APPEND_BATCH_BYTES: usize = 1 << 20;
+
+/// `max.message.bytes` of `__timers`: a scheduled record as large as any topic allows
+/// (up to this) fits one batch.
+pub const TIMERS_MAX_MESSAGE_BYTES: usize = 64 << 20;
+
+/// Timer settings of a broker.
+#[derive(Debug, Clone)]
+pub struct TimerSettings {
+    /// Partitions of `__timers` when it is created.
+    pub partitions: u32,
+    /// Its replication factor (capped at the live brokers).
+    pub replication_factor: u32,
+    /// Longest delay a record may ask for.
+    pub max_delay: Duration,
+    /// Most records per delivery batch.
+    pub batch_records: usize,
+    /// Pause before a failed delivery is tried again.
+    pub retry_backoff: Duration,
+    /// How long an append to `__timers` or a delivery may wait for replication.
+    pub write_timeout: Duration,
+}
+
+impl Default for TimerSettings {
+    fn default() -> Self {
+        Self {
+            partitions: 12,
+            replication_factor: 3,
+            max_delay: Duration::from_secs(40 * 24 * 3600),
+            batch_records: 500,
+            retry_backoff: Duration::from_millis(500),
+            write_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What the timers need from other brokers (implemented over their internal listeners).
+pub trait TimerPeers: Send + Sync + 'static {
+    /// Has `broker`, the leader of `__timers` partition `partition`, schedule `entries`.
+    fn schedule(
+        &self,
+        broker: BrokerId,
+        partition: u32,
+        entries: Vec<Schedule>,
+    ) -> BoxFuture<'static, Result<Vec<TimerId>, BrokerError>>;
+    /// Has `broker`, the leader of the id's `__timers` partition, cancel it.
+    fn cancel(&self, broker: BrokerId, id: TimerId) -> BoxFuture<'static, Result<(), BrokerError>>;
+    /// Has `broker`, the leader of `topic`-`partition`, append `batch` with acks=all.
+    fn deliver(
+        &self,
+        broker: BrokerId,
+        topic: String,
+        partition: u32,
+        batch: Vec<u8>,
+    ) -> BoxFuture<'static, Result<(), BrokerError>>;
+}
+
+/// A loaded `__timers` partition this broker leads.
+struct Loaded {
+    epoch: LeaderEpoch,
+    local: Arc<LocalPartition>,
+    state: TimerState,
+}
+
+/// One `__timers` partition's slot. Its lock is held by appends to the partition and by
+/// the load, so a schedule appended around a leadership change is either in the log the
+/// load replays or applied to the loaded state, never lost between them.
+#[derive(Default)]
+struct Slot {
+    loaded: tokio::sync::Mutex<Option<Loaded>>,
+    wake: Notify,
+}
+
+/// The timers of a broker.
+pub struct Timers {
+    node: BrokerNode,
+    settings: TimerSettings,
+    peers: Arc<dyn TimerPeers>,
+    slots: Mutex<HashMap<u32, Arc<Slot>>>,
+}
+
+impl Timers {
+    /// Timers over `node`, reaching other brokers through `peers`.
+    pub fn new(node: BrokerNode, settings: TimerSettings, peers: Arc<dyn TimerPeers>) -> Self {
+        Self {
+            node,
+            settings,
+            peers,
+            slots: Mutex::default(),
+        }
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &TimerSettings {
+        &self.settings
+    }
+
+    fn slot(&self, partition: u32) -> Arc<Slot> {
+        self.slots.lock().entry(partition).or_default().clone()
+    }
+
+    /// The due time of a record produced at `now_ms` with `delay_ms` or `deliver_at_ms`
+    /// (one of them): checked against the limits, naming the field.
+    pub fn due_time(
+        &self,
+        now_ms: i64,
+        delay_ms: Option<i64>,
+        deliver_at_ms: Option<i64>,
+    ) -> Result<i64, String> {
+        let max = self.settings.max_delay.as_millis() as i64;
+        match (delay_ms, deliver_at_ms) {
+            (Some(_), Some(_)) => Err("give delay_ms or deliver_at_ms, not both".into()),
+            (Some(d), None) if d < 0 => Err(format!("delay_ms is {d}; it must be >= 0")),
+            (Some(d), None) if d > max => Err(format!(
+                "delay_ms is {d}; the limit (max.delay.ms) is {max}"
+            )),
+            (Some(d), None) => Ok(now_ms.saturating_add(d)),
+            (None, Some(at)) if at < 0 => Err(format!("deliver_at_ms is {at}; it must be >= 0")),
+            (None, Some(at)) if at.saturating_sub(now_ms) > max => Err(format!(
+                "deliver_at_ms {at} is {} ms ahead; the limit (max.delay.ms) is {max}",
+                at - now_ms
+            )),
+            (None, Some(at)) => Ok(at),
+            (None, None) => Err("neither delay_ms nor deliver_at_ms is given".into()),
+        }
+    }
+
+    /// The `__timers` partition count, when the topic exists.
+    pub fn partition_count(&self) -> Option<u32> {
+        self.node
+            .metadata()
+            .topic(TIMERS_TOPIC)
+            .map(|t| t.partitions.len() as u32)
+    }
+
+    /// Schedules records for `topic`-`partition` (which must exist); returns their ids.
+    /// `__timers` must exist.
+    pub async fn schedule(
+        &self,
+        topic: &str,
+        partition: u32,
+        entries: Vec<Schedule>,
+    ) -> Result<Vec<TimerId>, BrokerError> {
+        if self.node.metadata().partition(topic, partition).is_none() {
+            return Err(BrokerError::new(
+                ErrorCode::UnknownTopicOrPartition,
+                format!("{topic}-{partition} does not exist"),
+            ));
+        }
+        let count = self.partition_count().ok_or_else(|| {
+            BrokerError::new(
+                ErrorCode::UnknownTopicOrPartition,
+                format!("{TIMERS_TOPIC} does not exist yet"),
+            )
+        })?;
+        let tp = timer_partition_for(topic, partition, count);
+        match self.timers_leader(tp)? {
+            leader if leader == self.node.id() => self.schedule_local(tp, entries).await,
+            leader => self.peers.schedule(leader, tp, entries).await,
+        }
+    }
+
+    fn timers_leader(&self, partition: u32) -> Result<BrokerId, BrokerError> {
+        self.node
+            .metadata()
+            .partition(TIMERS_TOPIC, partition)
+            .and_then(|(_, p)| p.leader)
+            .ok_or_else(|| {
+                BrokerError::new(
+                    ErrorCode::NotLeaderOrFollower,
+                    format!("{TIMERS_TOPIC}-{partition} has no leader right now"),
+                )
+            })
+    }
+
+    /// Appends `entries` to `__timers` partition `partition`, which this broker leads.
+    pub async fn schedule_local(
+        &self,
+        partition: u32,
+        entries: Vec<Schedule>,
+    ) -> Result<Vec<TimerId>, BrokerError> {
+        let slot = self.slot(partition);
+        let mut guard = slot.loaded.lock().await;
+        let loaded = self.current(partition, &mut guard)?;
+        let records: Vec<TimerRecord> = entries
+            .into_iter()
+            .map(|s| TimerRecord {
+                entry: Some(Entry::Schedule(s)),
+            })
+            .collect();
+        let base = self.append(partition, &records, Acks::All).await?;
+        let mut ids = Vec::with_capacity(records.len());
+        for (i, r) in records.iter().enumerate() {
+            let offset = base + i as u64;
+            loaded.state.apply(offset, r);
+            if let Some(Entry::Schedule(s)) = &r.entry {
+                ids.push(TimerId {
+                    partition,
+                    offset,
+                    due_ms: s.due_ms,
+                });
+            }
+        }
+        drop(guard);
+        slot.wake.notify_one();
+        Ok(ids)
+    }
+
+    /// Cancels a pending scheduled record.
+    pub async fn cancel(&self, id: TimerId) -> Result<(), BrokerError> {
+        let count = self.partition_count().unwrap_or(0);
+        if id.partition >= count {
+            return Err(unknown_id(id));
+        }
+        match self.timers_leader(id.partition)? {
+            leader if leader == self.node.id() => self.cancel_local(id).await,
+            leader => self.peers.cancel(leader, id).await,
+        }
+    }
+
+    /// Cancels a pending scheduled record of a `__timers` partition this broker leads.
+    pub async fn cancel_local(&self, id: TimerId) -> Result<(), BrokerError> {
+        let slot = self.slot(id.partition);
+        let mut guard = slot.loaded.lock().await;
+        let loaded = self.current(id.partition, &mut guard)?;
+        if !loaded.state.is_pending(id.offset, id.due_ms) {
+            return Err(unknown_id(id));
+        }
+        let record = TimerRecord {
+            entry: Some(Entry::Cancel(codec::Cancel {
+                offset: id.offset,
+                due_ms: id.due_ms,
+            })),
+        };
+        let offset = self
+            .append(id.partition, std::slice::from_ref(&record), Acks::All)
+            .await?;
+        loaded.state.apply(offset, &record);
+        Ok(())
+    }
+
+    /// Pending timers per target topic, over the `__timers` partitions this broker leads.
+    pub async fn pending_by_topic(&self) -> BTreeMap<String, u64> {
+        let slots: Vec<Arc<Slot>> = self.slots.lock().values().cloned().collect();
+        let mut out = BTreeMap::new();
+        for slot in slots {
+            if let Some(l) = slot.loaded.lock().await.as_ref() {
+                for (t, n) in l.state.pending_by_topic() {
+                    *out.entry(t).or_default() += n;
+                }
+            }
+        }
+        out
+    }
+
+    /// The loaded state of `partition` if it is loaded for the epoch this broker leads it
+    /// in now.
+    fn current<'a>(
+        &self,
+        partition: u32,
+        guard: &'a mut Option<Loaded>,
+    ) -> Result<&'a mut Loaded, BrokerError> {
+        let (_, epoch) = self.node.leader_partition(TIMERS_TOPIC, partition)?;
+        match guard.as_mut() {
+            Some(l) if l.epoch == epoch => Ok(l),
+            _ => Err(BrokerError::new(
+                ErrorCode::NotLeaderOrFollower,
+                format!(
+                    "{TIMERS_TOPIC}-{partition}: broker {} is loading its timers; retry shortly",
+                    self.node.id()
+                ),
+            )),
+        }
+    }
+
+    /// Appends `records` to `__timers` partition `partition`; the first one's offset.
+    async fn append(
+        &self,
+        partition: u32,
+        records: &[TimerRecord],
+        acks: Acks,
+    ) -> Result<u64, BrokerError> {
+        let now = now_ms();
+        // Batches of up to 1 MiB each (a batch holds at least one record); the records
+        // get consecutive offsets across them.
+        let mut batch = Vec::new();
+        let mut builder = BatchBuilder::new(Compression::None);
+        let values: Vec<Vec<u8>> = records.iter().map(|r| r.encode_to_vec()).collect();
+        let encode = |builder: &BatchBuilder| {
+            builder.build(0).map_err(|e| {
+                BrokerError::new(
+                    ErrorCode::UnknownServerError,
+                    format!("cannot encode timer records: {e}"),
+                )
+            })
+        };
+        for v in &values {
+            if !builder.is_empty() && builder.uncompressed_size() + v.len() > APPEND_BATCH_BYTES {
+                batch.extend(encode(&builder)?);
+                builder = BatchBuilder::new(Compression::None);
+            }
+            builder.push(RecordRef {
+                timestamp: now,
+                key: None,
+                value: Some(v),
+                headers: &[],
+            });
+        }
+        batch.extend(encode(&builder)?);
+        let produced = self
+            .node
+            .produce(
+                TIMERS_TOPIC,
+                partition,
+                batch,
+                acks,
+                self.settings.write_timeout,
+            )
+            .await?;
+        Ok(produced.base_offset.0)
+    }
+
+    /// Runs until `cancel`: starts a mover for each `__timers` partition this broker
+    /// comes to lead.
+    pub async fn run(self: Arc<Self>, cancel: CancellationToken) {
+        let mut movers: HashMap<u32, (LeaderEpoch, CancellationToken)> = HashMap::new();
+        let mut version = self.node.metadata().subscribe();
+        loop {
+            let count = self.partition_count().unwrap_or(0);
+            let mut led = HashMap::new();
+            for p in 0..count {
+                if let Ok((_, epoch)) = self.node.leader_partition(TIMERS_TOPIC, p) {
+                    led.insert(p, epoch);
+                }
+            }
+            movers.retain(|p, (epoch, token)| {
+                let keep = led.get(p) == Some(epoch);
+                if !keep {
+                    token.cancel();
+                }
+                keep
+            });
+            for (p, epoch) in led {
+                if movers.contains_key(&p) {
+                    continue;
+                }
+                let token = cancel.child_token();
+                movers.insert(p, (epoch, token.clone()));
+                let me = self.clone();
+                tokio::spawn(async move { me.mover(p, epoch, token).await });
+            }
+            // Metadata changes start and stop movers; the tick catches a partition whose
+            // local replica became leader after the metadata said so.
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = version.changed() => {}
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            }
+        }
+        for (_, (_, token)) in movers {
+            token.cancel();
+        }
+    }
+
+    /// Loads `__timers` partition `partition` for leader epoch `epoch` and delivers its
+    /// due timers until the leadership ends or `cancel`.
+    async fn mover(self: Arc<Self>, partition: u32, epoch: LeaderEpoch, cancel: CancellationToken) {
+        let slot = self.slot(partition);
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            if cancel.is_cancelled() {
+                return;
+            }
+            match self.load(partition, epoch, &slot).await {
+                Ok(()) => break,
+                Err(e) => {
+                    tracing::warn!(partition, %epoch, error = %e, "loading timers failed; retrying");
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+        let mut retry_at: HashMap<state::TargetIx, Instant> = HashMap::new();
+        let mut warned = RateLimit::default();
+        while !cancel.is_cancelled() {
+            let wait = match self.move_once(partition, epoch, &slot, &mut retry_at).await {
+                Ok(wait) => wait,
+                Err(e) => {
+                    if warned.allow() {
+                        tracing::warn!(partition, error = %e, "delivering timers failed; retrying");
+                    }
+                    self.settings.retry_backoff
+                }
+            };
+            if self
+                .node
+                .leader_partition(TIMERS_TOPIC, partition)
+                .map(|(_, e)| e)
+                .ok()
+                != Some(epoch)
+            {
+                break;
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = slot.wake.notified() => {}
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+        // Leadership over: forget the state, unless a newer epoch's mover holds it.
+        let mut guard = slot.loaded.lock().await;
+        if guard.as_ref().is_some_and(|l| l.epoch == epoch) {
+            *guard = None;
+        }
+    }
+
+    /// Replays the partition's log into a new state, then records this leadership's
+    /// `Owner`.
+    async fn load(
+        &self,
+        partition: u32,
+        epoch: LeaderEpoch,
+        slot: &Slot,
+    ) -> Result<(), BrokerError> {
+        let mut guard = slot.loaded.lock().await;
+        let (local, now_epoch) = self.node.leader_partition(TIMERS_TOPIC, partition)?;
+        if now_epoch != epoch {
+            return Err(BrokerError::new(
+                ErrorCode::NotLeaderOrFollower,
+                format!("{TIMERS_TOPIC}-{partition}: leader epoch moved on"),
+            ));
+        }
+        let started = std::time::Instant::now();
+        let replica = local.clone();
+        let mut state = tokio::task::spawn_blocking(move || replay(&replica))
+            .await
+            .map_err(|e| {
+                BrokerError::new(ErrorCode::UnknownServerError, format!("load task: {e}"))
+            })??;
+        let (producer_id, producer_epoch) = match state.owner() {
+            Some((pid, e)) if e < i16::MAX => (pid, e + 1),
+            _ => (
+                self.node
+                    .producer_ids()
+                    .next(self.settings.write_timeout)
+                    .await?,
+                0,
+            ),
+        };
+        let owner = TimerRecord {
+            entry: Some(Entry::Owner(Owner {
+                producer_id,
+                producer_epoch: producer_epoch.into(),
+            })),
+        };
+        let offset = self
+            .append(partition, std::slice::from_ref(&owner), Acks::All)
+            .await?;
+        state.apply(offset, &owner);
+        tracing::info!(
+            partition,
+            %epoch,
+            pending = state.len(),
+            unconfirmed = state.unconfirmed().len(),
+            producer_id,
+            producer_epoch,
+            ms = started.elapsed().as_millis() as u64,
+            "loaded timers"
+        );
+        *guard = Some(Loaded {
+            epoch,
+            local,
+            state,
+        });
+        Ok(())
+    }
+
+    /// One pass: claims due timers, delivers them and the unconfirmed batches whose retry
+    /// time came, records what arrived. Returns how long to sleep before the next pass.
+    async fn move_once(
+        &self,
+        partition: u32,
+        epoch: LeaderEpoch,
+        slot: &Slot,
+        retry_at: &mut HashMap<state::TargetIx, Instant>,
+    ) -> Result<Duration, BrokerError> {
+        let now = Instant::now();
+        let mut work: Vec<(u64, Intent)> = Vec::new();
+        let mut dropped: Vec<TimerRecord> = Vec::new();
+        let local;
+        {
+            let mut guard = slot.loaded.lock().await;
+            let loaded = guard.as_mut().filter(|l| l.epoch == epoch).ok_or_else(|| {
+                BrokerError::new(ErrorCode::NotLeaderOrFollower, "timers not loaded")
+            })?;
+            local = loaded.local.clone();
+            // Batches whose arrival is unknown, when their pause is over.
+            for l in loaded.state.unconfirmed() {
+                let ix = loaded.state.target_ix(&l.intent.topic, l.intent.partition);
+                if retry_at.get(&ix).is_none_or(|t| *t <= now) {
+                    work.push((l.offset, l.intent));
+                }
+            }
+            // Newly due timers: one intent per batch, appended before anything is sent.
+            // The records are read first, to cut each batch to what its target accepts.
+            let due = loaded.state.due(now_ms(), 10_000, 100_000);
+            let planned = plan_batches(&due, self.settings.batch_records);
+            let offsets: Vec<u64> = planned
+                .iter()
+                .flat_map(|(_, b)| b.iter().map(|d| d.offset))
+                .collect();
+            let schedules = if offsets.is_empty() {
+                HashMap::new()
+            } else {
+                let replica = local.clone();
+                tokio::task::spawn_blocking(move || read_schedules(&replica, &offsets))
+                    .await
+                    .map_err(|e| {
+                        BrokerError::new(ErrorCode::UnknownServerError, format!("read task: {e}"))
+                    })??
+            };
+            let (pid, pepoch) = loaded.state.owner().expect("loaded states have an owner");
+            let mut intents = Vec::new();
+            for (ix, batch) in planned {
+                let (topic, p) = loaded.state.target(ix);
+                if !self.target_exists(topic, p) {
+                    dropped.push(dropped_record(
+                        topic,
+                        p,
+                        &batch,
+                        "the target partition no longer exists",
+                    ));
+                    continue;
+                }
+                let limit = self.node.topic_config(topic).max_message_bytes;
+                let batch = cut_to_bytes(&batch, &schedules, limit);
+                intents.push(TimerRecord {
+                    entry: Some(Entry::Intent(Intent {
+                        topic: topic.to_owned(),
+                        partition: p,
+                        producer_id: pid,
+                        producer_epoch: pepoch.into(),
+                        base_sequence: loaded.state.next_seq(ix),
+                        offsets: batch.iter().map(|d| d.offset).collect(),
+                        dues: batch.iter().map(|d| d.due_ms).collect(),
+                    })),
+                });
+            }
+            let retire: Vec<TimerRecord> = dropped.drain(..).chain(intents).collect();
+            if !retire.is_empty() {
+                let base = self.append(partition, &retire, Acks::All).await?;
+                for (i, r) in retire.iter().enumerate() {
+                    loaded.state.apply(base + i as u64, r);
+                    match &r.entry {
+                        Some(Entry::Intent(intent)) => work.push((base + i as u64, intent.clone())),
+                        Some(Entry::Dropped(d)) => tracing::warn!(
+                            topic = %d.topic,
+                            partition = d.partition,
+                            records = d.offsets.len(),
+                            reason = %d.reason,
+                            "dropped due scheduled records"
+                        ),
+                        _ => {}
+                    }
+                }
+            }
+        }
+        // Deliver every batch at once (one per target), outside the lock.
+        let sends = work.into_iter().map(|(offset, intent)| {
+            let local = local.clone();
+            async move {
+                let result = self.deliver(partition, &local, &intent).await;
+                (offset, intent, result)
+            }
+        });
+        let results = futures_util::future::join_all(sends).await;
+        let mut done = Vec::new();
+        let mut guard = slot.loaded.lock().await;
+        let loaded = guard
+            .as_mut()
+            .filter(|l| l.epoch == epoch)
+            .ok_or_else(|| BrokerError::new(ErrorCode::NotLeaderOrFollower, "timers not loaded"))?;
+        let mut first_error = None;
+        let mut reissue = Vec::new();
+        for (offset, intent, result) in results {
+            let ix = loaded.state.target_ix(&intent.topic, intent.partition);
+            match result {
+                Ok(()) => {
+                    retry_at.remove(&ix);
+                    done.push(TimerRecord {
+                        entry: Some(Entry::Done(Done {
+                            topic: intent.topic,
+                            partition: intent.partition,
+                            intent_offset: offset,
+                        })),
+                    });
+                }
+                Err(e) if !self.target_exists(&intent.topic, intent.partition) => {
+                    // The target was deleted: its claimed records are given up (confirmed,
+                    // so the target is not retried).
+                    retry_at.remove(&ix);
+                    tracing::warn!(topic = %intent.topic, partition = intent.partition, records = intent.offsets.len(), error = %e, "target gone; dropping its scheduled records");
+                    done.push(TimerRecord {
+                        entry: Some(Entry::Done(Done {
+                            topic: intent.topic,
+                            partition: intent.partition,
+                            intent_offset: offset,
+                        })),
+                    });
+                }
+                Err(e)
+                    if matches!(
+                        e.code,
+                        ErrorCode::OutOfOrderSequenceNumber | ErrorCode::InvalidProducerEpoch
+                    ) && Some((intent.producer_id, intent.producer_epoch as i16))
+                        != loaded.state.owner() =>
+                {
+                    // A previous leadership's batch the target cannot place (its producer
+                    // state lost that producer, e.g. after an unclean election): send the
+                    // records again under this leadership's producer epoch.
+                    tracing::warn!(topic = %intent.topic, partition = intent.partition, error = %e, "resending an earlier leader's timer batch under a new producer epoch");
+                    let (pid, pepoch) = loaded.state.owner().expect("loaded");
+                    reissue.push(TimerRecord {
+                        entry: Some(Entry::Intent(Intent {
+                            producer_id: pid,
+                            producer_epoch: pepoch.into(),
+                            base_sequence: loaded.state.next_seq(ix),
+                            ..intent
+                        })),
+                    });
+                }
+                Err(e) => {
+                    retry_at.insert(ix, now + self.settings.retry_backoff);
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        let records: Vec<TimerRecord> = done.into_iter().chain(reissue).collect();
+        if !records.is_empty() {
+            // A lost Done costs only a resend the target dedupes; a reissued intent must be
+            // durable before its batch is sent, so both wait for replication.
+            let base = self.append(partition, &records, Acks::All).await?;
+            for (i, r) in records.iter().enumerate() {
+                loaded.state.apply(base + i as u64, r);
+            }
+        }
+        // Sleep until the next timer a pass could claim falls due, or the next retry;
+        // not at all when an unconfirmed batch may go now (a reissued one).
+        let next_due = loaded
+            .state
+            .due(i64::MAX, 1, 100_000)
+            .first()
+            .map(|d| d.due_ms);
+        let ready_now = loaded.state.unconfirmed().iter().any(|l| {
+            let ix = loaded.state.target_ix(&l.intent.topic, l.intent.partition);
+            retry_at.get(&ix).is_none_or(|t| *t <= Instant::now())
+        });
+        drop(guard);
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        if ready_now {
+            return Ok(Duration::ZERO);
+        }
+        let until_due = next_due.map_or(Duration::from_secs(1), |d| {
+            Duration::from_millis((d - now_ms()).clamp(0, 1000) as u64)
+        });
+        let until_retry = retry_at.values().min().map_or(Duration::from_secs(1), |t| {
+            t.saturating_duration_since(Instant::now())
+        });
+        Ok(until_due.min(until_retry))
+    }
+
+    fn target_exists(&self, topic: &str, partition: u32) -> bool {
+        self.node.metadata().partition(topic, partition).is_some()
+    }
+
+    /// Sends the batch of `intent` to its target's leader.
+    async fn deliver(
+        &self,
+        partition: u32,
+        local: &Arc<LocalPartition>,
+        intent: &Intent,
+    ) -> Result<(), BrokerError> {
+        let replica = local.clone();
+        let offsets = intent.offsets.clone();
+        let schedules = tokio::task::spawn_blocking(move || read_schedules(&replica, &offsets))
+            .await
+            .map_err(|e| {
+                BrokerError::new(ErrorCode::UnknownServerError, format!("read task: {e}"))
+            })??;
+        let batch = delivery_batch(partition, intent, &schedules, now_ms())?;
+        let leader = self
+            .node
+            .metadata()
+            .partition(&intent.topic, intent.partition)
+            .and_then(|(_, p)| p.leader)
+            .ok_or_else(|| {
+                BrokerError::new(
+                    ErrorCode::NotLeaderOrFollower,
+                    format!(
+                        "{}-{} has no leader right now",
+                        intent.topic, intent.partition
+                    ),
+                )
+            })?;
+        if leader == self.node.id() {
+            self.node
+                .produce(
+                    &intent.topic,
+                    intent.partition,
+                    batch,
+                    Acks::All,
+                    self.settings.write_timeout,
+                )
+                .await
+                .map(|_| ())
+        } else {
+            self.peers
+                .deliver(leader, intent.topic.clone(), intent.partition, batch)
+                .await
+        }
+    }
+}
+
+/// A log line at most every 10 s.
+#[derive(Default)]
+struct RateLimit(Option<std::time::Instant>);
+
+impl RateLimit {
+    fn allow(&mut self) -> bool {
+        let now = std::time::Instant::now();
+        if self
+            .0
+            .is_some_and(|t| now.duration_since(t) < Duration::from_secs(10))
+        {
+            return false;
+        }
+        self.0 = Some(now);
+        true
+    }
+}
+
+fn unknown_id(id: TimerId) -> BrokerError {
+    BrokerError::new(
+        ErrorCode::UnknownScheduledRecord,
+        format!("no pending scheduled record has id {id}: it is unknown, or was delivered or cancelled already"),
+    )
+}
+
+fn dropped_record(topic: &str, partition: u32, batch: &[DueTimer], reason: &str) -> TimerRecord {
+    TimerRecord {
+        entry: Some(Entry::Dropped(Dropped {
+            topic: topic.to_owned(),
+            partition,
+            offsets: batch.iter().map(|d| d.offset).collect(),
+            dues: batch.iter().map(|d| d.due_ms).collect(),
+            reason: reason.to_owned(),
+        })),
+    }
+}
+
+/// Every timer record of the partition's log, applied in order.
+fn replay(local: &LocalPartition) -> Result<TimerState, BrokerError> {
+    let mut state = TimerState::default();
+    let end = local.log.log_end_offset();
+    let mut next = local.log.log_start_offset();
+    while next < end {
+        let data = local
+            .log
+            .read(next, 1 << 20, Isolation::LogEnd)
+            .map_err(|e| BrokerError::from_log(&local.name(), e))?;
+        let records = decode_data_records(&data.records, 64 << 20)
+            .map_err(|e| BrokerError::new(ErrorCode::CorruptMessage, e.to_string()))?;
+        let Some(last) = records.last().map(|r| r.offset) else {
+            break;
+        };
+        for r in records.iter().filter(|r| r.offset as u64 >= next.0) {
+            match r.value.as_deref().map(TimerRecord::decode) {
+                Some(Ok(t)) => state.apply(r.offset as u64, &t),
+                _ => {
+                    tracing::warn!(partition = %local.name(), offset = r.offset, "skipping an undecodable timer record")
+                }
+            }
+        }
+        next = Offset(last as u64 + 1);
+    }
+    Ok(state)
+}
+
+/// The `Schedule` records at `offsets` (any order), by offset.
+fn read_schedules(
+    local: &LocalPartition,
+    offsets: &[u64],
+) -> Result<HashMap<u64, Schedule>, BrokerError> {
+    let mut wanted: Vec<u64> = offsets.to_vec();
+    wanted.sort_unstable();
+    let mut out = HashMap::with_capacity(wanted.len());
+    let mut i = 0;
+    while i < wanted.len() {
+        let data = local
+            .log
+            .read(Offset(wanted[i]), 1 << 20, Isolation::LogEnd)
+            .map_err(|e| BrokerError::from_log(&local.name(), e))?;
+        let records = decode_data_records(&data.records, 64 << 20)
+            .map_err(|e| BrokerError::new(ErrorCode::CorruptMessage, e.to_string()))?;
+        let Some(last) = records.last().map(|r| r.offset as u64) else {
+            break;
+        };
+        let by_offset: HashMap<u64, &crate::record::Record> =
+            records.iter().map(|r| (r.offset as u64, r)).collect();
+        while i < wanted.len() && wanted[i] <= last {
+            let o = wanted[i];
+            let schedule = by_offset
+                .get(&o)
+                .and_then(|r| r.value.as_deref())
+                .and_then(|v| TimerRecord::decode(v).ok())
+                .and_then(|t| match t.entry {
+                    Some(Entry::Schedule(s)) => Some(s),
+                    _ => None,
+                })
+                .ok_or_else(|| {
+                    BrokerError::new(
+                        ErrorCode::CorruptMessage,
+                        format!("{}: offset {o} holds no scheduled record", local.name()),
+                    )
+                })?;
+            out.insert(o, schedule);
+            i += 1;
+        }
+    }
+    if out.len() < offsets.len() {
+        return Err(BrokerError::new(
+            ErrorCode::CorruptMessage,
+            format!("{}: scheduled records missing from the log", local.name()),
+        ));
+    }
+    Ok(out)
+}
+
+/// The idempotent batch that delivers `intent`'s records: each keeps its key, value and
+/// headers, gets `now_ms` as its timestamp and two headers, its original timestamp and
+/// its scheduled record id.
+pub fn delivery_batch(
+    timers_partition: u32,
+    intent: &Intent,
+    schedules: &HashMap<u64, Schedule>,
+    now_ms: i64,
+) -> Result<Vec<u8>, BrokerError> {
+    let mut builder = BatchBuilder::new(Compression::None).producer(
+        intent.producer_id,
+        intent.producer_epoch as i16,
+        intent.base_sequence,
+    );
+    for (offset, due_ms) in intent.offsets.iter().zip(&intent.dues) {
+        let s = &schedules[offset];
+        let original = s.timestamp_ms.to_string();
+        let id = TimerId {
+            partition: timers_partition,
+            offset: *offset,
+            due_ms: *due_ms,
+        }
+        .to_string();
+        let mut headers: Vec<(&str, Option<&[u8]>)> = s
+            .headers
+            .iter()
+            .map(|h| (h.key.as_str(), h.value.as_deref()))
+            .collect();
+        headers.push((ORIGINAL_TIMESTAMP_HEADER, Some(original.as_bytes())));
+        headers.push((TIMER_ID_HEADER, Some(id.as_bytes())));
+        builder.push(RecordRef {
+            timestamp: now_ms,
+            key: s.key.as_deref(),
+            value: s.value.as_deref(),
+            headers: &headers,
+        });
+    }
+    builder.build(0).map_err(|e| {
+        BrokerError::new(
+            ErrorCode::UnknownServerError,
+            format!("cannot encode a delivery batch: {e}"),
+        )
+    })
+}
+
+/// Bytes a scheduled record takes in its delivery batch, at most (its key, value and
+/// headers, the two headers delivery adds, and record framing).
+pub fn delivered_size(s: &Schedule) -> usize {
+    let headers: usize = s
+        .headers
+        .iter()
+        .map(|h| h.key.len() + h.value.as_ref().map_or(0, Bytes::len) + 10)
+        .sum();
+    s.key.as_ref().map_or(0, Bytes::len) + s.value.as_ref().map_or(0, Bytes::len) + headers + 160
+}
+
+/// The longest prefix of `batch` whose delivery batch fits `limit` bytes (at least one
+/// timer: a record was checked against its target's limit when it was scheduled).
+pub fn cut_to_bytes(
+    batch: &[DueTimer],
+    schedules: &HashMap<u64, Schedule>,
+    limit: usize,
+) -> Vec<DueTimer> {
+    let mut total = crate::record::HEADER_LEN;
+    let mut out = Vec::new();
+    for d in batch {
+        let size = schedules.get(&d.offset).map_or(0, delivered_size);
+        if !out.is_empty() && total + size > limit {
+            break;
+        }
+        total += size;
+        out.push(*d);
+    }
+    out
+}
+
+/// A `Schedule` for a record.
+pub fn schedule_entry(
+    topic: &str,
+    partition: u32,
+    due_ms: i64,
+    timestamp_ms: i64,
+    key: Option<Bytes>,
+    value: Option<Bytes>,
+    headers: Vec<(String, Option<Bytes>)>,
+) -> Schedule {
+    Schedule {
+        topic: topic.to_owned(),
+        partition,
+        due_ms,
+        timestamp_ms,
+        key,
+        value,
+        headers: headers
+            .into_iter()
+            .map(|(key, value)| codec::Header { key, value })
+            .collect(),
+    }
+}

@@ -1,0 +1,366 @@
+//! Delayed and scheduled records with the real binary: each arrives exactly once and never
+//! before it is due, through kill -9 of a standalone and of brokers leading the timer data
+//! in a 3-broker cluster; cancelled records never arrive; bad delays and unknown ids get
+//! coded errors and write nothing.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::{cli, eventually, free_ports, standalone, BrokerCluster};
+use tidelog::api::proto::broker_client::BrokerClient;
+use tidelog::api::proto::{PartitionProduceData, ProduceRequest, Record, TopicProduceData};
+use tidelog::api::status::to_wire;
+use tidelog::client::producer::{Due, Producer, ProducerConfig, ProducerRecord};
+use tidelog::client::AdminClient;
+use tidelog::error_code::ErrorCode;
+
+/// Per delivered value, each copy: (partition, delivery timestamp, original timestamp).
+type Delivered = BTreeMap<String, Vec<(u32, i64, Option<String>)>>;
+
+/// Every record of `topic` until `expected` arrived (or `within` passed), as
+/// value -> (partition, delivery timestamp, original-timestamp header) per copy.
+async fn collect(
+    bootstrap: &[String],
+    topic: &str,
+    partitions: u32,
+    expected: usize,
+    within: Duration,
+) -> Delivered {
+    let mut consumer =
+        tidelog::client::consumer::Consumer::new(bootstrap.to_vec(), Duration::from_secs(20));
+    for p in 0..partitions {
+        consumer
+            .assign(topic, p, tidelog::client::consumer::StartAt::Earliest)
+            .await
+            .expect("assign");
+    }
+    let mut out = Delivered::new();
+    let mut seen = 0;
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        let batch = match consumer.poll(Duration::from_millis(300)).await {
+            Ok(b) => b,
+            Err(e) if e.is_retriable() => {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                continue;
+            }
+            Err(e) => panic!("poll: {e}"),
+        };
+        for r in batch {
+            let original = r
+                .headers
+                .iter()
+                .find(|(k, _)| k == "tidelog.delay.original.timestamp")
+                .and_then(|(_, v)| v.as_ref())
+                .map(|v| String::from_utf8_lossy(v).into_owned());
+            out.entry(String::from_utf8_lossy(&r.value.unwrap()).into_owned())
+                .or_default()
+                .push((r.partition, r.timestamp_ms, original));
+            seen += 1;
+        }
+        if seen >= expected {
+            // A little longer: a duplicate would show up now.
+            let extra = consumer
+                .poll(Duration::from_millis(1500))
+                .await
+                .unwrap_or_default();
+            for r in extra {
+                out.entry(String::from_utf8_lossy(&r.value.unwrap()).into_owned())
+                    .or_default()
+                    .push((r.partition, r.timestamp_ms, None));
+            }
+            break;
+        }
+    }
+    out
+}
+
+/// Checks that every scheduled value arrived exactly once, at or after its due time
+/// (values are `i:due_ms`), and nothing else arrived; returns lateness p50 and p99 (ms).
+fn check_exactly_once(got: &Delivered, scheduled: &BTreeMap<String, u32>) -> (i64, i64) {
+    let mut missing = Vec::new();
+    let mut lateness = Vec::new();
+    for (value, partition) in scheduled {
+        match got.get(value).map(Vec::as_slice) {
+            None | Some([]) => missing.push(value.clone()),
+            Some([(p, ts, _)]) => {
+                assert_eq!(
+                    p, partition,
+                    "{value} went to partition {p}, not {partition}"
+                );
+                let due: i64 = value.split(':').nth(1).unwrap().parse().unwrap();
+                assert!(
+                    *ts >= due,
+                    "{value} was delivered at {ts}, before it was due"
+                );
+                lateness.push(ts - due);
+            }
+            Some(copies) => panic!("{value} arrived {} times: {copies:?}", copies.len()),
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "{} of {} scheduled records never arrived, e.g. {:?}",
+        missing.len(),
+        scheduled.len(),
+        &missing[..missing.len().min(5)]
+    );
+    let unexpected: Vec<_> = got.keys().filter(|v| !scheduled.contains_key(*v)).collect();
+    assert!(
+        unexpected.is_empty(),
+        "records that were not scheduled arrived: {unexpected:?}"
+    );
+    lateness.sort_unstable();
+    let at = |q: f64| lateness[((lateness.len() - 1) as f64 * q) as usize];
+    (at(0.5), at(0.99))
+}
+
+fn producer(bootstrap: &[String]) -> Producer {
+    Producer::new(
+        bootstrap.to_vec(),
+        ProducerConfig {
+            delivery_timeout: Duration::from_secs(60),
+            ..Default::default()
+        },
+    )
+}
+
+/// Schedules `n` records (`i:due_ms`, key `k{i}`) with delays from `min_ms` to `max_ms`;
+/// returns value -> partition.
+async fn schedule_many(
+    producer: &Producer,
+    topic: &str,
+    n: usize,
+    min_ms: i64,
+    max_ms: i64,
+) -> BTreeMap<String, u32> {
+    let mut out = BTreeMap::new();
+    let mut pending = futures_util::stream::FuturesUnordered::new();
+    for i in 0..n {
+        let delay = min_ms + (i as i64 * 7919) % (max_ms - min_ms + 1);
+        let due = now_ms() + delay;
+        let value = format!("{i}:{due}");
+        let record = ProducerRecord {
+            topic: topic.into(),
+            key: Some(Bytes::from(format!("k{i}"))),
+            value: Some(Bytes::from(value.clone())),
+            headers: vec![("h".into(), Some(Bytes::from("v")))],
+            tag: Some("T".into()),
+            ..Default::default()
+        };
+        // Due at `due` exactly, so the value's due time is the one the broker uses.
+        pending.push(async move {
+            let s = producer.schedule(record, Due::AtMs(due)).await;
+            (value, s)
+        });
+        if pending.len() >= 32 {
+            let (value, s) = futures_util::StreamExt::next(&mut pending).await.unwrap();
+            out.insert(value, s.expect("schedule").partition);
+        }
+    }
+    while let Some((value, s)) = futures_util::StreamExt::next(&mut pending).await {
+        out.insert(value, s.expect("schedule").partition);
+    }
+    out
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scheduled_records_arrive_once_on_time_and_survive_kill9() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_ports(1)[0];
+    let bootstrap = vec![format!("127.0.0.1:{port}")];
+    let mut server = standalone(dir.path(), port);
+    let admin = AdminClient::new(bootstrap.clone(), Duration::from_secs(20));
+    admin
+        .create_topic("delayed", Some(3), Some(1), Default::default())
+        .await
+        .unwrap();
+    let producer = producer(&bootstrap);
+
+    // Cancelled records never arrive; a second cancel, or an unknown id, is refused.
+    let mut cancelled = Vec::new();
+    for i in 0..10 {
+        let record = ProducerRecord {
+            topic: "delayed".into(),
+            value: Some(Bytes::from(format!("cancelled-{i}"))),
+            ..Default::default()
+        };
+        let s = producer
+            .schedule(record, Due::DelayMs(3_000))
+            .await
+            .unwrap();
+        producer.cancel_scheduled(&s.id).await.unwrap();
+        cancelled.push(s.id);
+    }
+    let again = producer.cancel_scheduled(&cancelled[0]).await.unwrap_err();
+    assert_eq!(again.code, ErrorCode::UnknownScheduledRecord, "{again}");
+    let unknown = producer.cancel_scheduled("0-999999-1").await.unwrap_err();
+    assert_eq!(unknown.code, ErrorCode::UnknownScheduledRecord, "{unknown}");
+    let garbage = producer.cancel_scheduled("not-an-id").await.unwrap_err();
+    assert_eq!(garbage.code, ErrorCode::UnknownScheduledRecord, "{garbage}");
+
+    // Bad delays: coded errors naming the field, nothing written anywhere.
+    let mut client = BrokerClient::connect(format!("http://{}", bootstrap[0]))
+        .await
+        .unwrap();
+    for (delay_ms, deliver_at_ms, field) in [
+        (Some(-1), None, "delay_ms"),
+        (Some(41 * 24 * 3600 * 1000), None, "max.delay.ms"),
+        (None, Some(now_ms() + 41 * 24 * 3600 * 1000), "max.delay.ms"),
+        (Some(10), Some(now_ms()), "not both"),
+    ] {
+        let request = ProduceRequest {
+            acks: Some(-1),
+            timeout_ms: 5_000,
+            topics: vec![TopicProduceData {
+                topic: "delayed".into(),
+                partitions: vec![PartitionProduceData {
+                    partition: 0,
+                    records: vec![
+                        Record {
+                            value: Some(Bytes::from("plain")),
+                            ..Default::default()
+                        },
+                        Record {
+                            value: Some(Bytes::from("bad")),
+                            delay_ms,
+                            deliver_at_ms,
+                            ..Default::default()
+                        },
+                    ],
+                    ..Default::default()
+                }],
+            }],
+        };
+        let p = client.produce(request).await.unwrap().into_inner().topics[0].partitions[0].clone();
+        assert_eq!(
+            p.error_code,
+            to_wire(ErrorCode::InvalidDelay),
+            "{delay_ms:?}/{deliver_at_ms:?}: {p:?}"
+        );
+        assert!(p.error_message.contains(field), "{}", p.error_message);
+    }
+
+    // 300 records due within 0.5 to 4 s; a kill -9 while they are pending.
+    let scheduled = schedule_many(&producer, "delayed", 300, 500, 4_000).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    server.kill9();
+    server = standalone(dir.path(), port);
+    let got = collect(
+        &bootstrap,
+        "delayed",
+        3,
+        scheduled.len(),
+        Duration::from_secs(60),
+    )
+    .await;
+    let (p50, p99) = check_exactly_once(&got, &scheduled);
+    println!("standalone with a kill -9: lateness p50 {p50} ms, p99 {p99} ms");
+    for copies in got.values() {
+        let original = copies[0].2.as_deref().expect("original timestamp header");
+        assert!(original.parse::<i64>().is_ok(), "{original}");
+    }
+
+    // The CLI: schedule with --delay-ms, cancel with `scheduled cancel`.
+    let out = common::cli_stdin(
+        &[
+            "produce",
+            "--topic",
+            "delayed",
+            "--delay-ms",
+            "60000",
+            "--output",
+            "json",
+            "--bootstrap",
+            &bootstrap[0],
+        ],
+        "later\n",
+    );
+    assert!(out.0, "{}", out.2);
+    let line: serde_json::Value = serde_json::from_str(out.1.trim()).unwrap();
+    let id = line["scheduled_id"]
+        .as_str()
+        .expect("scheduled_id")
+        .to_owned();
+    let (ok, _, err) = cli(&[
+        "scheduled",
+        "cancel",
+        "--id",
+        &id,
+        "--bootstrap",
+        &bootstrap[0],
+    ]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = cli(&[
+        "scheduled",
+        "cancel",
+        "--id",
+        &id,
+        "--bootstrap",
+        &bootstrap[0],
+    ]);
+    assert!(!ok && err.contains("UNKNOWN_SCHEDULED_RECORD"), "{err}");
+    for bad in ["-5", "999999999999"] {
+        let (ok, _, err) = common::cli_stdin(
+            &[
+                "produce",
+                "--topic",
+                "delayed",
+                "--delay-ms",
+                bad,
+                "--bootstrap",
+                &bootstrap[0],
+            ],
+            "x\n",
+        );
+        assert!(
+            !ok && err.contains("INVALID_DELAY"),
+            "--delay-ms {bad}: {err}"
+        );
+    }
+    drop(server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scheduled_records_survive_killed_timer_leaders() {
+    let mut cluster = BrokerCluster::start(3);
+    let bootstrap = cluster.bootstrap();
+    let admin = AdminClient::new(bootstrap.clone(), Duration::from_secs(30));
+    eventually("3 brokers", Duration::from_secs(30), || async {
+        admin
+            .create_topic("later", Some(6), Some(3), Default::default())
+            .await
+            .ok()
+    })
+    .await;
+    let producer = producer(&bootstrap);
+    let scheduled = schedule_many(&producer, "later", 2_000, 1_000, 15_000).await;
+    // Two brokers, each leading some `__timers` partitions, killed with -9 in turn while
+    // timers are pending; each comes back before the next goes.
+    for id in [1, 2] {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        cluster.brokers[id as usize - 1].as_mut().unwrap().kill9();
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        cluster.start_broker(id);
+    }
+    let got = collect(
+        &bootstrap,
+        "later",
+        6,
+        scheduled.len(),
+        Duration::from_secs(90),
+    )
+    .await;
+    let (p50, p99) = check_exactly_once(&got, &scheduled);
+    println!("3 brokers, two leaders killed: lateness p50 {p50} ms, p99 {p99} ms");
+}
