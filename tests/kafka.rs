@@ -1209,3 +1209,97 @@ async fn kcat_with_a_rack_reads_from_the_follower_in_its_rack() {
         "reset to the log start of each partition"
     );
 }
+
+/// Kafka clients schedule records with the reserved `tidelog.delay.ms` header: kcat's
+/// records stay invisible until due, then arrive once each with their original timestamp;
+/// an idempotent producer's scheduled batch is refused and nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_clients_schedule_records_with_the_delay_header() {
+    let Some(_clients) = clients() else { return };
+    let s = start();
+    let (ok, _, err) = cli(&[
+        "topics",
+        "create",
+        "--bootstrap",
+        &s.grpc,
+        "--topic",
+        "later",
+        "--partitions",
+        "2",
+    ]);
+    assert!(ok, "{err}");
+    let input: String = (0..20).map(|i| format!("late-{i}\n")).collect();
+    let sent = std::time::Instant::now();
+    let mut child = Command::new("kcat")
+        .args([
+            "-P",
+            "-b",
+            &s.kafka,
+            "-t",
+            "later",
+            "-H",
+            "tidelog.delay.ms=2000",
+            "-q",
+        ])
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("kcat");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    assert!(child.wait().unwrap().success(), "kcat -P failed");
+    if sent.elapsed() < Duration::from_millis(1500) {
+        assert!(
+            kcat_consume(&s.kafka, "later", None).is_empty(),
+            "scheduled records were visible before they were due"
+        );
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let records = loop {
+        let r = kcat_consume(&s.kafka, "later", None);
+        if r.len() >= 20 || std::time::Instant::now() > deadline {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    assert!(sent.elapsed() >= Duration::from_secs(2));
+    let mut values: Vec<String> = records
+        .iter()
+        .map(|r| r["payload"].as_str().unwrap().to_owned())
+        .collect();
+    values.sort();
+    let mut expected: Vec<String> = (0..20).map(|i| format!("late-{i}")).collect();
+    expected.sort();
+    assert_eq!(values, expected, "each scheduled record exactly once");
+    let headers = records[0]["headers"].as_array().expect("headers").clone();
+    let names: Vec<&str> = headers
+        .iter()
+        .step_by(2)
+        .filter_map(|h| h.as_str())
+        .collect();
+    assert!(
+        names.contains(&"tidelog.delay.original.timestamp") && !names.contains(&"tidelog.delay.ms"),
+        "{headers:?}"
+    );
+
+    // An idempotent producer cannot schedule (its sequence would skip the records):
+    // kcat reports the failure and nothing arrives.
+    let out = Command::new("sh")
+        .args([
+            "-c",
+            &format!(
+                "echo idem | kcat -P -b {} -t later -H tidelog.delay.ms=10 -X enable.idempotence=true 2>&1",
+                s.kafka
+            ),
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    // Kafka's INVALID_RECORD, as librdkafka words it.
+    assert!(text.contains("failed to validate record"), "{text}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(kcat_consume(&s.kafka, "later", None).len(), 20);
+}

@@ -228,7 +228,8 @@ async fn scheduled_records_arrive_once_on_time_and_survive_kill9() {
                     partition: 0,
                     records: vec![
                         Record {
-                            value: Some(Bytes::from("plain")),
+                            value: Some(Bytes::from("good")),
+                            delay_ms: Some(100),
                             ..Default::default()
                         },
                         Record {
@@ -250,6 +251,32 @@ async fn scheduled_records_arrive_once_on_time_and_survive_kill9() {
         );
         assert!(p.error_message.contains(field), "{}", p.error_message);
     }
+
+    // Scheduled and plain records in one partition entry: refused, nothing written.
+    let mixed = ProduceRequest {
+        acks: Some(-1),
+        timeout_ms: 5_000,
+        topics: vec![TopicProduceData {
+            topic: "delayed".into(),
+            partitions: vec![PartitionProduceData {
+                partition: 1,
+                records: vec![
+                    Record {
+                        value: Some(Bytes::from("plain")),
+                        ..Default::default()
+                    },
+                    Record {
+                        value: Some(Bytes::from("later")),
+                        delay_ms: Some(10),
+                        ..Default::default()
+                    },
+                ],
+                ..Default::default()
+            }],
+        }],
+    };
+    let p = client.produce(mixed).await.unwrap().into_inner().topics[0].partitions[0].clone();
+    assert_eq!(p.error_code, to_wire(ErrorCode::InvalidRequest), "{p:?}");
 
     // 300 records due within 0.5 to 4 s; a kill -9 while they are pending.
     let scheduled = schedule_many(&producer, "delayed", 300, 500, 4_000).await;

@@ -19,9 +19,10 @@ use super::proto::{
 };
 use super::push_service::{PushStream, PUSH_SESSIONS_MAX};
 use super::status::{error_status, to_wire};
+use super::timer_service::TimerFront;
 use crate::broker::node::{now_ms, Acks, FetchTarget, OffsetQuery};
-use crate::broker::timer::codec::{TimerId, TIMERS_TOPIC};
-use crate::broker::timer::{delivered_size, schedule_entry, Timers, TIMERS_MAX_MESSAGE_BYTES};
+use crate::broker::timer::codec::TimerId;
+use crate::broker::timer::schedule_entry;
 use crate::broker::{BrokerError, BrokerNode};
 use crate::client::AdminClient;
 use crate::controller::validation;
@@ -50,9 +51,9 @@ pub struct BrokerService {
     acks0_in_flight: Arc<tokio::sync::Semaphore>,
     /// Bounds the push subscriptions served at once.
     push_sessions: Arc<tokio::sync::Semaphore>,
-    /// Durable timers for records produced with a delay, and the client that creates
-    /// `__timers`; without them such records are refused.
-    timers: Option<(Arc<Timers>, AdminClient)>,
+    /// Durable timers for records produced with a delay; without them such records are
+    /// refused.
+    timers: Option<Arc<TimerFront>>,
 }
 
 /// Most acks=0 appends running at once after their answer; further acks=0 produces wait
@@ -71,10 +72,9 @@ impl BrokerService {
         }
     }
 
-    /// Schedules records produced with a delay through `timers`; `admin` creates
-    /// `__timers` on first use.
-    pub fn with_timers(mut self, timers: Arc<Timers>, admin: AdminClient) -> Self {
-        self.timers = Some((timers, admin));
+    /// Schedules records produced with a delay through `timers`.
+    pub fn with_timers(mut self, timers: Arc<TimerFront>) -> Self {
+        self.timers = Some(timers);
         self
     }
 
@@ -208,24 +208,6 @@ fn encode_records(data: &proto::PartitionProduceData) -> Result<Vec<u8>, BrokerE
             format!("cannot encode records: {e}"),
         )
     })
-}
-
-/// `__timers`'s configuration: segments small enough for retention to free space soon,
-/// kept a week beyond the longest delay (a record is delivered before its segment can go).
-fn timers_topic_config(max_delay: Duration) -> std::collections::BTreeMap<String, String> {
-    [
-        ("segment.bytes".to_owned(), (64 * 1024 * 1024).to_string()),
-        (
-            "retention.ms".to_owned(),
-            (max_delay.as_millis() as u64 + 7 * 24 * 3600 * 1000).to_string(),
-        ),
-        ("retention.bytes".to_owned(), "-1".to_owned()),
-        (
-            "max.message.bytes".to_owned(),
-            TIMERS_MAX_MESSAGE_BYTES.to_string(),
-        ),
-    ]
-    .into()
 }
 
 fn leader_fields(e: &BrokerError) -> (Option<i32>, Option<String>) {
@@ -509,7 +491,7 @@ impl Broker for BrokerService {
         request: Request<CancelScheduledRequest>,
     ) -> Result<Response<CancelScheduledResponse>, Status> {
         let text = request.into_inner().id;
-        let Some((timers, _)) = &self.timers else {
+        let Some(front) = &self.timers else {
             return Err(error_status(
                 ErrorCode::UnknownScheduledRecord,
                 "this server schedules no records",
@@ -519,7 +501,8 @@ impl Broker for BrokerService {
         let id: TimerId = text
             .parse()
             .map_err(|e: String| error_status(ErrorCode::UnknownScheduledRecord, e, None))?;
-        timers
+        front
+            .timers()
             .cancel(id)
             .await
             .map_err(|e| error_status(e.code, e.message, None))?;
@@ -640,8 +623,8 @@ impl Broker for BrokerService {
 }
 
 impl BrokerService {
-    /// One partition of a Produce: records with a delay are scheduled (all delays are
-    /// checked before anything is written), the others appended.
+    /// One partition of a Produce: appended, or, when its records carry a delay, scheduled
+    /// (every record is checked before anything is written).
     async fn produce_partition(
         &self,
         topic: &str,
@@ -651,24 +634,34 @@ impl BrokerService {
     ) -> Result<(i64, i64, Vec<String>), BrokerError> {
         let delayed = |r: &proto::Record| r.delay_ms.is_some() || r.deliver_at_ms.is_some();
         if !p.records.iter().any(delayed) {
-            let (base, start) = self
+            return self
                 .produce_one(topic, p.partition, encode_records(p)?, acks, timeout)
-                .await?;
-            return Ok((base, start, Vec::new()));
+                .await;
         }
         validation::check_client_may_change(topic, "produce to")
             .map_err(|e| BrokerError::new(e.code, e.message))?;
-        let Some((timers, admin)) = &self.timers else {
+        let Some(front) = &self.timers else {
             return Err(BrokerError::new(
                 ErrorCode::InvalidRequest,
                 "this server does not schedule delayed records",
             ));
         };
+        if !p.records.iter().all(delayed) {
+            // Scheduling and appending cannot fail or succeed together: a retry after a
+            // failed append would schedule the delayed ones twice.
+            return Err(BrokerError::new(
+                ErrorCode::InvalidRequest,
+                format!(
+                    "partition {}: some records have delay_ms or deliver_at_ms and some do not; send scheduled records in a request (or partition entry) of their own",
+                    p.partition
+                ),
+            ));
+        }
         let now = now_ms();
-        let (later, now_records): (Vec<_>, Vec<_>) = p.records.iter().cloned().partition(delayed);
-        let mut entries = Vec::with_capacity(later.len());
+        let mut entries = Vec::with_capacity(p.records.len());
         for (i, r) in p.records.iter().enumerate().filter(|(_, r)| delayed(r)) {
-            let due = timers
+            let due = front
+                .timers()
                 .due_time(now, r.delay_ms, r.deliver_at_ms)
                 .map_err(|why| {
                     BrokerError::new(
@@ -696,62 +689,15 @@ impl BrokerService {
                 r.value.clone(),
                 headers,
             );
-            // Delivered in a batch of its own at worst: that batch must fit the topic.
-            let size = delivered_size(&entry) + crate::record::HEADER_LEN;
-            let limit = self
-                .node
-                .topic_config(topic)
-                .max_message_bytes
-                .min(TIMERS_MAX_MESSAGE_BYTES);
-            if size > limit {
-                return Err(BrokerError::new(
-                    ErrorCode::RecordTooLarge,
-                    format!(
-                        "partition {}: record {i} takes up to {size} bytes when delivered; the limit (max.message.bytes) is {limit}; nothing was written",
-                        p.partition
-                    ),
-                ));
-            }
+            front.check_size(&entry, i)?;
             entries.push(entry);
         }
         // Every record passes the same checks as an appended one (tags, timestamps,
         // sizes) before anything is written.
-        encode_records(&proto::PartitionProduceData {
-            records: later,
-            ..p.clone()
-        })?;
-        let appended = if now_records.is_empty() {
-            None
-        } else {
-            Some(encode_records(&proto::PartitionProduceData {
-                records: now_records,
-                ..p.clone()
-            })?)
-        };
-        if timers.partition_count().is_none() {
-            super::internal_topics::ensure(
-                &self.node,
-                admin,
-                super::internal_topics::InternalTopic {
-                    name: TIMERS_TOPIC,
-                    partitions: timers.settings().partitions,
-                    replication_factor: timers.settings().replication_factor,
-                    config: timers_topic_config(timers.settings().max_delay),
-                    not_ready: ErrorCode::NotLeaderOrFollower,
-                },
-            )
-            .await?;
-        }
-        let ids = timers.schedule(topic, p.partition, entries).await?;
+        encode_records(p)?;
+        let ids = front.schedule(topic, p.partition, entries).await?;
         let ids: Vec<String> = ids.iter().map(ToString::to_string).collect();
-        let (base, start) = match appended {
-            Some(bytes) => {
-                self.produce_one(topic, p.partition, bytes, acks, timeout)
-                    .await?
-            }
-            None => (-1, -1),
-        };
-        Ok((base, start, ids))
+        Ok((-1, -1, ids))
     }
 
     async fn produce_one(
@@ -761,7 +707,7 @@ impl BrokerService {
         bytes: Vec<u8>,
         acks: i32,
         timeout: Duration,
-    ) -> Result<(i64, i64), BrokerError> {
+    ) -> Result<(i64, i64, Vec<String>), BrokerError> {
         validation::check_client_may_change(topic, "produce to")
             .map_err(|e| BrokerError::new(e.code, e.message))?;
         if acks == 0 {
@@ -784,7 +730,7 @@ impl BrokerService {
                     tracing::debug!(error = %e, "acks=0 produce failed");
                 }
             });
-            return Ok((-1, -1));
+            return Ok((-1, -1, Vec::new()));
         }
         let acks = if acks == -1 { Acks::All } else { Acks::Leader };
         let produced = self
@@ -792,8 +738,9 @@ impl BrokerService {
             .produce(topic, partition, bytes, acks, timeout)
             .await?;
         Ok((
-            produced.base_offset.as_i64(),
+            produced.base_offset.map_or(-1, |o| o.as_i64()),
             produced.log_start_offset.as_i64(),
+            produced.scheduled_ids,
         ))
     }
 }

@@ -65,12 +65,28 @@ impl From<BrokerError> for ReadFailure {
 }
 
 /// What a produce to one partition returned.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Produced {
-    /// Offset of the first record.
-    pub base_offset: Offset,
+    /// Offset of the first record; `None` when the batches were scheduled instead.
+    pub base_offset: Option<Offset>,
     /// The log start offset after the append.
     pub log_start_offset: Offset,
+    /// The ids of the records scheduled instead of appended (batches with scheduling
+    /// headers, see [`BatchScheduler`]).
+    pub scheduled_ids: Vec<String>,
+}
+
+/// Takes client batches whose records carry scheduling headers (`tidelog.delay.ms`,
+/// `tidelog.deliver.at.ms`) and schedules them (the durable timers, which sit above this
+/// module); returns the scheduled records' ids.
+pub trait BatchScheduler: Send + Sync + 'static {
+    /// Schedules every record of `batches` for `topic`-`partition`.
+    fn schedule_batches(
+        &self,
+        topic: String,
+        partition: u32,
+        batches: Vec<u8>,
+    ) -> futures_util::future::BoxFuture<'static, Result<Vec<String>, BrokerError>>;
 }
 
 /// How many replicas must hold a produce before it is acknowledged.
@@ -151,6 +167,8 @@ pub struct BrokerNode {
     producer_ids: Arc<ProducerIdBlocks>,
     /// Records and bytes in and out, per topic (or partition).
     traffic: Arc<super::traffic::Traffic>,
+    /// Where batches with scheduling headers go, once the timers are set up.
+    scheduler: Arc<std::sync::OnceLock<Arc<dyn BatchScheduler>>>,
 }
 
 impl BrokerNode {
@@ -175,7 +193,14 @@ impl BrokerNode {
             lease,
             isr_changes,
             producer_ids,
+            scheduler: Arc::default(),
         }
+    }
+
+    /// Sends client batches with scheduling headers to `scheduler` from now on (without
+    /// one they are refused with INVALID_DELAY). Set once; later calls are ignored.
+    pub fn set_scheduler(&self, scheduler: Arc<dyn BatchScheduler>) {
+        let _ = self.scheduler.set(scheduler);
     }
 
     /// Producer ids this broker hands out itself.
@@ -373,7 +398,24 @@ impl BrokerNode {
         // A page-cache write on this task: a hand-off to the blocking pool per produce
         // cost more than the write itself. Only an fsync the flush policy asks for goes
         // to a blocking thread.
-        let (info, durable_target) = local.append_as_leader_deferred(&mut batches, epoch)?;
+        let (info, durable_target) = match local.append_as_leader_deferred(&mut batches, epoch) {
+            // Scheduling headers: validation refused the batches before writing anything;
+            // the timers take them.
+            Err(e) if e.code == ErrorCode::InvalidDelay => {
+                let Some(scheduler) = self.scheduler.get() else {
+                    return Err(e.into());
+                };
+                let ids = scheduler
+                    .schedule_batches(topic.to_owned(), partition, batches)
+                    .await?;
+                return Ok(Produced {
+                    base_offset: None,
+                    log_start_offset: local.log.log_start_offset(),
+                    scheduled_ids: ids,
+                });
+            }
+            r => r?,
+        };
         if !info.duplicate {
             let counters = self.traffic.of(topic, partition);
             counters.records_in.increment(info.record_count);
@@ -394,8 +436,9 @@ impl BrokerNode {
                 .await?;
         }
         Ok(Produced {
-            base_offset: info.first_offset,
+            base_offset: Some(info.first_offset),
             log_start_offset: local.log.log_start_offset(),
+            scheduled_ids: Vec::new(),
         })
     }
 

@@ -88,7 +88,7 @@ impl KafkaHandler {
                     let response = match outcome {
                         Ok(produced) => PartitionProduceResponse::default()
                             .with_index(p.index)
-                            .with_base_offset(produced.base_offset.as_i64())
+                            .with_base_offset(produced.base_offset.map_or(-1, |o| o.as_i64()))
                             .with_log_append_time_ms(-1)
                             .with_log_start_offset(produced.log_start_offset.as_i64())
                             .with_current_leader(

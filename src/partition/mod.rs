@@ -103,6 +103,14 @@ pub enum LogError {
         /// Which rule, naming the batch, record and field.
         reason: String,
     },
+    /// A client batch holds records with a scheduling header (`tidelog.delay.ms`,
+    /// `tidelog.deliver.at.ms`): they go to the timers, not to the log; nothing was
+    /// written.
+    #[error("record batch holds scheduled records: {reason}")]
+    ScheduledRecords {
+        /// Which batch and record.
+        reason: String,
+    },
     /// A follower append does not continue the log.
     #[error("follower append starts at offset {got}, but the log ends at {expected}")]
     NonContiguousAppend {

@@ -13,6 +13,7 @@
 //! control or transactional attribute (transactions are not supported yet), and no
 //! negative timestamp, in any record or in `max_timestamp`.
 
+use crate::record::delay::is_delay_header;
 use crate::record::tag::{record_tag_hash, TagMark};
 use crate::record::{peek_total_size, RecordBatch, RecordError, LOG_OVERHEAD};
 
@@ -67,6 +68,7 @@ pub fn validate_batches(
     }
     let mut metas = Vec::new();
     let mut tags = Vec::new();
+    let mut scheduled: Option<String> = None;
     let mut position = 0usize;
     while position < buf.len() {
         let rest = &buf[position..];
@@ -103,6 +105,16 @@ pub fn validate_batches(
             .for_each_record(uncompressed_limit, |r| {
                 if from_client && r.timestamp < 0 && negative_timestamp.is_none() {
                     negative_timestamp = Some((r.offset - base_offset, r.timestamp));
+                }
+                if from_client
+                    && scheduled.is_none()
+                    && r.headers().any(|(k, _)| is_delay_header(k))
+                {
+                    scheduled = Some(format!(
+                        "batch {} record {} carries a scheduling header",
+                        metas.len(),
+                        r.offset - base_offset
+                    ));
                 }
                 if let Some(hash) = record_tag_hash(&r) {
                     tags.push(TagMark {
@@ -175,6 +187,9 @@ pub fn validate_batches(
             base_sequence: h.base_sequence,
         });
         position += size;
+    }
+    if let Some(reason) = scheduled {
+        return Err(LogError::ScheduledRecords { reason });
     }
     Ok(Validated { metas, tags })
 }

@@ -11,6 +11,7 @@
 mod batch;
 mod builder;
 mod compression;
+pub mod delay;
 mod rebatch;
 mod record_codec;
 pub mod tag;

@@ -46,6 +46,7 @@ impl ReplicaError {
             }
             LogError::InvalidRecord { .. } | LogError::Corrupt { .. } => ErrorCode::CorruptMessage,
             LogError::RefusedRecord { .. } => ErrorCode::InvalidRecord,
+            LogError::ScheduledRecords { .. } => ErrorCode::InvalidDelay,
             LogError::NonContiguousAppend { .. } => ErrorCode::InvalidRequest,
             LogError::Config(_) => ErrorCode::InvalidConfig,
             LogError::Sequence(SequenceError::OutOfOrder { .. }) => {

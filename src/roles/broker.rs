@@ -21,7 +21,7 @@ use crate::api::proto::replication_server::ReplicationServer;
 use crate::api::proto::timers_server::TimersServer;
 use crate::api::replication_service::ReplicationService;
 use crate::api::request_metrics::RequestMetricsLayer;
-use crate::api::timer_service::{TimerPeerClient, TimerService};
+use crate::api::timer_service::{TimerFront, TimerPeerClient, TimerService};
 use crate::broker::controller_link::{BrokerIdentity, ControllerLink};
 use crate::broker::group::{GroupCoordinator, GroupSettings};
 use crate::broker::lease::LeaderLease;
@@ -50,6 +50,7 @@ pub struct BrokerRuntime {
     secret: Arc<ClusterSecret>,
     config: BrokerConfig,
     timers: Arc<Timers>,
+    timer_front: Arc<TimerFront>,
 }
 
 /// Where a broker is reached: clients at `client`, other brokers at `internal`.
@@ -184,7 +185,14 @@ impl BrokerRuntime {
             },
             Arc::new(TimerPeerClient::new(node.clone(), secret.clone())),
         ));
+        let timer_front = Arc::new(TimerFront::new(
+            node.clone(),
+            timers.clone(),
+            AdminClient::internal(controllers.clone(), Duration::from_secs(30), secret.clone()),
+        ));
+        node.set_scheduler(Arc::new(timer_front.clone()));
         Ok(Self {
+            timer_front,
             timers,
             node,
             groups,
@@ -218,7 +226,7 @@ impl BrokerRuntime {
         let auto_create = self.config.auto_create_topics_enable.then(controllers);
         let broker = BrokerServer::new(
             BrokerService::new(self.node.clone(), auto_create)
-                .with_timers(self.timers.clone(), controllers()),
+                .with_timers(self.timer_front.clone()),
         )
         .max_decoding_message_size(self.config.max_request_bytes)
         .max_encoding_message_size(self.config.fetch_max_bytes + 1024 * 1024);

@@ -239,7 +239,16 @@ impl Timers {
                 entry: Some(Entry::Schedule(s)),
             })
             .collect();
-        let base = self.append(partition, &records, Acks::All).await?;
+        let base = match self.append(partition, &records, Acks::All).await {
+            Ok(base) => base,
+            Err(e) => {
+                // The records may be in the log anyway (a replication timeout): the state
+                // no longer matches it, so the mover reloads it from the log.
+                *guard = None;
+                slot.wake.notify_one();
+                return Err(e);
+            }
+        };
         let mut ids = Vec::with_capacity(records.len());
         for (i, r) in records.iter().enumerate() {
             let offset = base + i as u64;
@@ -283,11 +292,20 @@ impl Timers {
                 due_ms: id.due_ms,
             })),
         };
-        let offset = self
+        match self
             .append(id.partition, std::slice::from_ref(&record), Acks::All)
-            .await?;
-        loaded.state.apply(offset, &record);
-        Ok(())
+            .await
+        {
+            Ok(offset) => {
+                loaded.state.apply(offset, &record);
+                Ok(())
+            }
+            Err(e) => {
+                *guard = None;
+                slot.wake.notify_one();
+                Err(e)
+            }
+        }
     }
 
     /// Pending timers per target topic, over the `__timers` partitions this broker leads.
@@ -368,13 +386,19 @@ impl Timers {
                 self.settings.write_timeout,
             )
             .await?;
-        Ok(produced.base_offset.0)
+        produced.base_offset.map(|o| o.0).ok_or_else(|| {
+            BrokerError::new(
+                ErrorCode::UnknownServerError,
+                format!("{TIMERS_TOPIC}-{partition}: timer records were not appended"),
+            )
+        })
     }
 
     /// Runs until `cancel`: starts a mover for each `__timers` partition this broker
     /// comes to lead.
     pub async fn run(self: Arc<Self>, cancel: CancellationToken) {
-        let mut movers: HashMap<u32, (LeaderEpoch, CancellationToken)> = HashMap::new();
+        type Mover = (LeaderEpoch, CancellationToken, tokio::task::JoinHandle<()>);
+        let mut movers: HashMap<u32, Mover> = HashMap::new();
         let mut version = self.node.metadata().subscribe();
         loop {
             let count = self.partition_count().unwrap_or(0);
@@ -384,8 +408,10 @@ impl Timers {
                     led.insert(p, epoch);
                 }
             }
-            movers.retain(|p, (epoch, token)| {
-                let keep = led.get(p) == Some(epoch);
+            // A mover ends on its own only when it saw its leadership end; one that
+            // ended otherwise (a panic) is started again.
+            movers.retain(|p, (epoch, token, task)| {
+                let keep = led.get(p) == Some(epoch) && !task.is_finished();
                 if !keep {
                     token.cancel();
                 }
@@ -396,9 +422,12 @@ impl Timers {
                     continue;
                 }
                 let token = cancel.child_token();
-                movers.insert(p, (epoch, token.clone()));
                 let me = self.clone();
-                tokio::spawn(async move { me.mover(p, epoch, token).await });
+                let task = tokio::spawn({
+                    let token = token.clone();
+                    async move { me.mover(p, epoch, token).await }
+                });
+                movers.insert(p, (epoch, token, task));
             }
             // Metadata changes start and stop movers; the tick catches a partition whose
             // local replica became leader after the metadata said so.
@@ -408,8 +437,9 @@ impl Timers {
                 _ = tokio::time::sleep(Duration::from_millis(500)) => {}
             }
         }
-        for (_, (_, token)) in movers {
+        for (_, (_, token, task)) in movers {
             token.cancel();
+            let _ = task.await;
         }
     }
 
@@ -418,26 +448,30 @@ impl Timers {
     async fn mover(self: Arc<Self>, partition: u32, epoch: LeaderEpoch, cancel: CancellationToken) {
         let slot = self.slot(partition);
         let mut backoff = Duration::from_millis(100);
-        loop {
-            if cancel.is_cancelled() {
-                return;
-            }
-            match self.load(partition, epoch, &slot).await {
-                Ok(()) => break,
-                Err(e) => {
+        let mut memo = Memo::default();
+        let mut warned = RateLimit::default();
+        while !cancel.is_cancelled() {
+            let loaded = slot
+                .loaded
+                .lock()
+                .await
+                .as_ref()
+                .is_some_and(|l| l.epoch == epoch);
+            if !loaded {
+                // First, or after an append whose outcome is unknown: replay the log.
+                memo.retry_at.clear();
+                if let Err(e) = self.load(partition, epoch, &slot).await {
                     tracing::warn!(partition, %epoch, error = %e, "loading timers failed; retrying");
                     tokio::select! {
-                        _ = cancel.cancelled() => return,
+                        _ = cancel.cancelled() => break,
                         _ = tokio::time::sleep(backoff) => {}
                     }
                     backoff = (backoff * 2).min(Duration::from_secs(5));
+                    continue;
                 }
+                backoff = Duration::from_millis(100);
             }
-        }
-        let mut retry_at: HashMap<state::TargetIx, Instant> = HashMap::new();
-        let mut warned = RateLimit::default();
-        while !cancel.is_cancelled() {
-            let wait = match self.move_once(partition, epoch, &slot, &mut retry_at).await {
+            let wait = match self.move_once(partition, epoch, &slot, &mut memo).await {
                 Ok(wait) => wait,
                 Err(e) => {
                     if warned.allow() {
@@ -536,8 +570,9 @@ impl Timers {
         partition: u32,
         epoch: LeaderEpoch,
         slot: &Slot,
-        retry_at: &mut HashMap<state::TargetIx, Instant>,
+        memo: &mut Memo,
     ) -> Result<Duration, BrokerError> {
+        let retry_at = &mut memo.retry_at;
         let now = Instant::now();
         let mut work: Vec<(u64, Intent)> = Vec::new();
         let mut dropped: Vec<TimerRecord> = Vec::new();
@@ -548,10 +583,14 @@ impl Timers {
                 BrokerError::new(ErrorCode::NotLeaderOrFollower, "timers not loaded")
             })?;
             local = loaded.local.clone();
-            // Batches whose arrival is unknown, when their pause is over.
+            // Batches whose arrival is unknown, when their pause is over, and once their
+            // intent is committed (after a reload an intent may sit above the high
+            // watermark: a successor that never got it will claim its timers again, so
+            // nothing of it is sent before it is committed).
+            let committed = local.log.high_watermark().0;
             for l in loaded.state.unconfirmed() {
                 let ix = loaded.state.target_ix(&l.intent.topic, l.intent.partition);
-                if retry_at.get(&ix).is_none_or(|t| *t <= now) {
+                if l.offset < committed && retry_at.get(&ix).is_none_or(|t| *t <= now) {
                     work.push((l.offset, l.intent));
                 }
             }
@@ -578,12 +617,30 @@ impl Timers {
             for (ix, batch) in planned {
                 let (topic, p) = loaded.state.target(ix);
                 if !self.target_exists(topic, p) {
+                    let since = *memo.missing_since.entry(ix).or_insert(now);
+                    if now.duration_since(since) >= TARGET_GONE_AFTER {
+                        dropped.push(dropped_record(
+                            topic,
+                            p,
+                            &batch,
+                            "the target partition no longer exists",
+                        ));
+                    }
+                    continue;
+                }
+                memo.missing_since.remove(&ix);
+                let (batch, missing): (Vec<DueTimer>, Vec<DueTimer>) = batch
+                    .iter()
+                    .partition(|d| schedules.contains_key(&d.offset));
+                if !missing.is_empty() {
                     dropped.push(dropped_record(
                         topic,
                         p,
-                        &batch,
-                        "the target partition no longer exists",
+                        &missing,
+                        "the scheduled record is no longer in the log (deleted by retention?)",
                     ));
+                }
+                if batch.is_empty() {
                     continue;
                 }
                 let limit = self.node.topic_config(topic).max_message_bytes;
@@ -602,12 +659,18 @@ impl Timers {
             }
             let retire: Vec<TimerRecord> = dropped.drain(..).chain(intents).collect();
             if !retire.is_empty() {
-                let base = self.append(partition, &retire, Acks::All).await?;
+                let base = match self.append(partition, &retire, Acks::All).await {
+                    Ok(base) => base,
+                    Err(e) => {
+                        *guard = None;
+                        return Err(e);
+                    }
+                };
                 for (i, r) in retire.iter().enumerate() {
                     loaded.state.apply(base + i as u64, r);
                     match &r.entry {
                         Some(Entry::Intent(intent)) => work.push((base + i as u64, intent.clone())),
-                        Some(Entry::Dropped(d)) => tracing::warn!(
+                        Some(Entry::Dropped(d)) => tracing::error!(
                             topic = %d.topic,
                             partition = d.partition,
                             records = d.offsets.len(),
@@ -649,7 +712,13 @@ impl Timers {
                         })),
                     });
                 }
-                Err(e) if !self.target_exists(&intent.topic, intent.partition) => {
+                Err(e)
+                    if !self.target_exists(&intent.topic, intent.partition)
+                        && memo
+                            .missing_since
+                            .get(&ix)
+                            .is_some_and(|t| now.duration_since(*t) >= TARGET_GONE_AFTER) =>
+                {
                     // The target was deleted: its claimed records are given up (confirmed,
                     // so the target is not retried).
                     retry_at.remove(&ix);
@@ -683,6 +752,20 @@ impl Timers {
                         })),
                     });
                 }
+                Err(e) if !e.code.is_retriable() => {
+                    // The target refuses the batch for good (it shrank max.message.bytes,
+                    // the records are gone from the log, ...): give the records up rather
+                    // than block the target forever.
+                    retry_at.remove(&ix);
+                    tracing::error!(topic = %intent.topic, partition = intent.partition, records = intent.offsets.len(), error = %e, "a target refuses scheduled records; dropping them");
+                    done.push(TimerRecord {
+                        entry: Some(Entry::Done(Done {
+                            topic: intent.topic,
+                            partition: intent.partition,
+                            intent_offset: offset,
+                        })),
+                    });
+                }
                 Err(e) => {
                     retry_at.insert(ix, now + self.settings.retry_backoff);
                     first_error.get_or_insert(e);
@@ -693,9 +776,16 @@ impl Timers {
         if !records.is_empty() {
             // A lost Done costs only a resend the target dedupes; a reissued intent must be
             // durable before its batch is sent, so both wait for replication.
-            let base = self.append(partition, &records, Acks::All).await?;
-            for (i, r) in records.iter().enumerate() {
-                loaded.state.apply(base + i as u64, r);
+            match self.append(partition, &records, Acks::All).await {
+                Ok(base) => {
+                    for (i, r) in records.iter().enumerate() {
+                        loaded.state.apply(base + i as u64, r);
+                    }
+                }
+                Err(e) => {
+                    *guard = None;
+                    return Err(e);
+                }
             }
         }
         // Sleep until the next timer a pass could claim falls due, or the next retry;
@@ -705,9 +795,10 @@ impl Timers {
             .due(i64::MAX, 1, 100_000)
             .first()
             .map(|d| d.due_ms);
+        let committed = loaded.local.log.high_watermark().0;
         let ready_now = loaded.state.unconfirmed().iter().any(|l| {
             let ix = loaded.state.target_ix(&l.intent.topic, l.intent.partition);
-            retry_at.get(&ix).is_none_or(|t| *t <= Instant::now())
+            l.offset < committed && retry_at.get(&ix).is_none_or(|t| *t <= Instant::now())
         });
         drop(guard);
         if let Some(e) = first_error {
@@ -743,6 +834,14 @@ impl Timers {
             .map_err(|e| {
                 BrokerError::new(ErrorCode::UnknownServerError, format!("read task: {e}"))
             })??;
+        if let Some(o) = intent.offsets.iter().find(|o| !schedules.contains_key(o)) {
+            return Err(BrokerError::new(
+                ErrorCode::CorruptMessage,
+                format!(
+                    "{TIMERS_TOPIC}-{partition}: scheduled record {o} is no longer in the log (deleted by retention?)"
+                ),
+            ));
+        }
         let batch = delivery_batch(partition, intent, &schedules, now_ms())?;
         let leader = self
             .node
@@ -776,6 +875,19 @@ impl Timers {
         }
     }
 }
+
+/// What a mover remembers between passes (not in the log).
+#[derive(Default)]
+struct Memo {
+    /// Targets whose last batch failed, and when to send it again.
+    retry_at: HashMap<state::TargetIx, Instant>,
+    /// Targets the metadata does not show, since when: their timers are dropped only
+    /// after [`TARGET_GONE_AFTER`] (a new topic may not have reached this broker yet).
+    missing_since: HashMap<state::TargetIx, Instant>,
+}
+
+/// How long a target must be missing from the metadata before its timers are dropped.
+const TARGET_GONE_AFTER: Duration = Duration::from_secs(60);
 
 /// A log line at most every 10 s.
 #[derive(Default)]
@@ -842,12 +954,14 @@ fn replay(local: &LocalPartition) -> Result<TimerState, BrokerError> {
     Ok(state)
 }
 
-/// The `Schedule` records at `offsets` (any order), by offset.
+/// The `Schedule` records at `offsets` (any order), by offset; an offset whose record is
+/// gone (below the log start) or is not a `Schedule` is left out.
 fn read_schedules(
     local: &LocalPartition,
     offsets: &[u64],
 ) -> Result<HashMap<u64, Schedule>, BrokerError> {
-    let mut wanted: Vec<u64> = offsets.to_vec();
+    let start = local.log.log_start_offset().0;
+    let mut wanted: Vec<u64> = offsets.iter().copied().filter(|o| *o >= start).collect();
     wanted.sort_unstable();
     let mut out = HashMap::with_capacity(wanted.len());
     let mut i = 0;
@@ -872,22 +986,12 @@ fn read_schedules(
                 .and_then(|t| match t.entry {
                     Some(Entry::Schedule(s)) => Some(s),
                     _ => None,
-                })
-                .ok_or_else(|| {
-                    BrokerError::new(
-                        ErrorCode::CorruptMessage,
-                        format!("{}: offset {o} holds no scheduled record", local.name()),
-                    )
-                })?;
-            out.insert(o, schedule);
+                });
+            if let Some(schedule) = schedule {
+                out.insert(o, schedule);
+            }
             i += 1;
         }
-    }
-    if out.len() < offsets.len() {
-        return Err(BrokerError::new(
-            ErrorCode::CorruptMessage,
-            format!("{}: scheduled records missing from the log", local.name()),
-        ));
     }
     Ok(out)
 }
@@ -968,7 +1072,7 @@ pub fn cut_to_bytes(
     out
 }
 
-/// A `Schedule` for a record.
+/// A `Schedule` for a record (without its scheduling headers).
 pub fn schedule_entry(
     topic: &str,
     partition: u32,
@@ -985,8 +1089,11 @@ pub fn schedule_entry(
         timestamp_ms,
         key,
         value,
+        // Scheduling headers are consumed here: the delivered record must not be
+        // scheduled again.
         headers: headers
             .into_iter()
+            .filter(|(key, _)| !crate::record::delay::is_delay_header(key))
             .map(|(key, value)| codec::Header { key, value })
             .collect(),
     }

@@ -114,7 +114,10 @@ impl Producer {
             .await;
             match outcome {
                 Ok(id) => return Ok(Scheduled { partition, id }),
-                Err(e) if e.is_retriable() && Instant::now() + backoff < deadline => {
+                // Only failures that wrote nothing are retried: after a timeout or a
+                // broken connection the record may be scheduled already, and a retry
+                // would schedule it twice.
+                Err(e) if wrote_nothing(e.code) && Instant::now() + backoff < deadline => {
                     if e.code == ErrorCode::NotLeaderOrFollower {
                         let _ = shared.cluster.refresh(&record.topic).await;
                     }
@@ -144,4 +147,17 @@ impl Producer {
             .await
             .map(|_| ())
     }
+}
+
+/// Whether a failed schedule certainly wrote nothing, so a retry cannot schedule twice.
+fn wrote_nothing(code: ErrorCode) -> bool {
+    matches!(
+        code,
+        ErrorCode::NotLeaderOrFollower
+            | ErrorCode::UnknownTopicOrPartition
+            | ErrorCode::NotEnoughReplicas
+            | ErrorCode::ControllerUnavailable
+            | ErrorCode::ClusterNotReady
+            | ErrorCode::UnknownLeaderEpoch
+    )
 }
