@@ -281,6 +281,9 @@ pub struct BrokerConfig {
     pub timers_topic_replication_factor: u32,
     /// Longest delay a record may ask for (ms; RocketMQ's `timerMaxDelaySec`).
     pub max_delay_ms: u64,
+    /// Most pending scheduled records per `__timers` partition (about 30 bytes of memory
+    /// each on its leader).
+    pub timers_max_pending_per_partition: usize,
     /// Most connections open at once on the listener.
     pub connections_max: usize,
     /// Longest a new connection may take to open with the HTTP/2 preface (ms).
@@ -342,6 +345,7 @@ impl Default for BrokerConfig {
             timers_topic_num_partitions: 12,
             timers_topic_replication_factor: 3,
             max_delay_ms: 40 * 24 * 3600 * 1000,
+            timers_max_pending_per_partition: 2_000_000,
             connections_max: 10_000,
             connection_handshake_timeout_ms: 10_000,
             connections_max_idle_ms: 600_000,
@@ -433,6 +437,9 @@ impl BrokerConfig {
                 "timers_topic_num_partitions must be 1 to 1000 and timers_topic_replication_factor at least 1, got {} and {}",
                 self.timers_topic_num_partitions, self.timers_topic_replication_factor
             ));
+        }
+        if self.timers_max_pending_per_partition == 0 {
+            return bad("timers_max_pending_per_partition must be at least 1, got 0".to_owned());
         }
         if self.max_delay_ms == 0 || self.max_delay_ms > 365 * 24 * 3600 * 1000 {
             return bad(format!(

@@ -98,6 +98,7 @@ error_codes! {
     PushSessionLimitExceeded = "PUSH_SESSION_LIMIT_EXCEEDED", true, "The broker serves its maximum of 1,024 push subscriptions already; retry later (or at another broker), or consume with Fetch.";
     InvalidDelay = "INVALID_DELAY", false, "A record's delay_ms or deliver_at_ms is negative, beyond max_delay_ms, or both are given; nothing was written.";
     UnknownScheduledRecord = "UNKNOWN_SCHEDULED_RECORD", false, "No pending scheduled record has this id: it is malformed or unknown, or the record was delivered or cancelled already.";
+    ScheduledRecordLimitExceeded = "SCHEDULED_RECORD_LIMIT_EXCEEDED", true, "The timers partition for the record's target holds its maximum of pending scheduled records (timers_max_pending_per_partition); nothing was written. Retry once some fell due, or raise the limit.";
 }
 
 impl fmt::Display for ErrorCode {

@@ -391,3 +391,55 @@ async fn scheduled_records_survive_killed_timer_leaders() {
     let (p50, p99) = check_exactly_once(&got, &scheduled);
     println!("3 brokers, two leaders killed: lateness p50 {p50} ms, p99 {p99} ms");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_timers_partition_refuses_more_with_a_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_ports(1)[0];
+    let bootstrap = vec![format!("127.0.0.1:{port}")];
+    let _server = common::standalone_with(
+        dir.path(),
+        port,
+        &[
+            ("TIDELOG_TIMERS_TOPIC_NUM_PARTITIONS", "1"),
+            ("TIDELOG_TIMERS_MAX_PENDING_PER_PARTITION", "5"),
+        ],
+    );
+    let admin = AdminClient::new(bootstrap.clone(), Duration::from_secs(20));
+    admin
+        .create_topic("full", Some(1), Some(1), Default::default())
+        .await
+        .unwrap();
+    let producer = producer(&bootstrap);
+    let record = || ProducerRecord {
+        topic: "full".into(),
+        value: Some(Bytes::from("v")),
+        ..Default::default()
+    };
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        ids.push(
+            producer
+                .schedule(record(), Due::DelayMs(600_000))
+                .await
+                .unwrap()
+                .id,
+        );
+    }
+    let refused = producer
+        .schedule(record(), Due::DelayMs(600_000))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.code,
+        ErrorCode::ScheduledRecordLimitExceeded,
+        "{refused}"
+    );
+    assert!(refused.message.contains("limit of 5"), "{refused}");
+    // A cancel makes room again.
+    producer.cancel_scheduled(&ids[0]).await.unwrap();
+    producer
+        .schedule(record(), Due::DelayMs(600_000))
+        .await
+        .unwrap();
+}

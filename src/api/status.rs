@@ -69,9 +69,9 @@ fn grpc_code(code: ErrorCode) -> Code {
         | ErrorCode::IneligibleReplica
         | ErrorCode::InconsistentTopicId => Code::FailedPrecondition,
         ErrorCode::ClusterAuthorizationFailed => Code::PermissionDenied,
-        ErrorCode::PartitionLimitExceeded | ErrorCode::PushSessionLimitExceeded => {
-            Code::ResourceExhausted
-        }
+        ErrorCode::PartitionLimitExceeded
+        | ErrorCode::PushSessionLimitExceeded
+        | ErrorCode::ScheduledRecordLimitExceeded => Code::ResourceExhausted,
         ErrorCode::UnknownServerError => Code::Internal,
     }
 }

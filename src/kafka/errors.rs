@@ -71,6 +71,8 @@ pub fn kafka_error(code: ErrorCode) -> ResponseError {
         C::InvalidDelay => K::InvalidRecord,
         // Kafka clients cannot cancel scheduled records; the nearest kin.
         C::UnknownScheduledRecord => K::InvalidRequest,
+        // A retriable throttle, as for push sessions.
+        C::ScheduledRecordLimitExceeded => K::ThrottlingQuotaExceeded,
     }
 }
 

@@ -181,6 +181,7 @@ impl BrokerRuntime {
                 partitions: config.timers_topic_num_partitions,
                 replication_factor: config.timers_topic_replication_factor,
                 max_delay: Duration::from_millis(config.max_delay_ms),
+                max_pending_per_partition: config.timers_max_pending_per_partition,
                 ..TimerSettings::default()
             },
             Arc::new(TimerPeerClient::new(node.clone(), secret.clone())),

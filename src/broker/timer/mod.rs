@@ -70,6 +70,8 @@ pub struct TimerSettings {
     pub retry_backoff: Duration,
     /// How long an append to `__timers` or a delivery may wait for replication.
     pub write_timeout: Duration,
+    /// Most pending timers per `__timers` partition (memory: about 30 bytes each).
+    pub max_pending_per_partition: usize,
 }
 
 impl Default for TimerSettings {
@@ -81,6 +83,7 @@ impl Default for TimerSettings {
             batch_records: 500,
             retry_backoff: Duration::from_millis(500),
             write_timeout: Duration::from_secs(10),
+            max_pending_per_partition: 2_000_000,
         }
     }
 }
@@ -233,6 +236,17 @@ impl Timers {
         let slot = self.slot(partition);
         let mut guard = slot.loaded.lock().await;
         let loaded = self.current(partition, &mut guard)?;
+        let max = self.settings.max_pending_per_partition;
+        if loaded.state.len() + entries.len() > max {
+            return Err(BrokerError::new(
+                ErrorCode::ScheduledRecordLimitExceeded,
+                format!(
+                    "{TIMERS_TOPIC}-{partition} holds {} pending scheduled records; with these {} it would pass its limit of {max} (timers_max_pending_per_partition); nothing was written",
+                    loaded.state.len(),
+                    entries.len()
+                ),
+            ));
+        }
         let records: Vec<TimerRecord> = entries
             .into_iter()
             .map(|s| TimerRecord {
@@ -596,7 +610,9 @@ impl Timers {
             }
             // Newly due timers: one intent per batch, appended before anything is sent.
             // The records are read first, to cut each batch to what its target accepts.
-            let due = loaded.state.due(now_ms(), 10_000, 100_000);
+            let due = loaded
+                .state
+                .due(now_ms(), 10_000, self.settings.batch_records);
             let planned = plan_batches(&due, self.settings.batch_records);
             let offsets: Vec<u64> = planned
                 .iter()
@@ -790,11 +806,7 @@ impl Timers {
         }
         // Sleep until the next timer a pass could claim falls due, or the next retry;
         // not at all when an unconfirmed batch may go now (a reissued one).
-        let next_due = loaded
-            .state
-            .due(i64::MAX, 1, 100_000)
-            .first()
-            .map(|d| d.due_ms);
+        let next_due = loaded.state.next_due();
         let committed = loaded.local.log.high_watermark().0;
         let ready_now = loaded.state.unconfirmed().iter().any(|l| {
             let ix = loaded.state.target_ix(&l.intent.topic, l.intent.partition);

@@ -2,7 +2,7 @@
 //! partition's records in offset order: at load (a scan of the log) and live (each record
 //! once it is appended), through the same [`TimerState::apply`]. Pure: no I/O, no clock.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::codec::{Entry, Intent, TimerRecord};
 
@@ -35,8 +35,16 @@ pub struct LastIntent {
 /// The timers of one `__timers` partition.
 #[derive(Debug, Default)]
 pub struct TimerState {
-    /// Pending timers: (due, schedule offset) -> target.
-    pending: BTreeMap<(i64, u64), TargetIx>,
+    /// Pending timers per target: (due, schedule offset).
+    pending: HashMap<TargetIx, BTreeSet<(i64, u64)>>,
+    /// How many timers are pending in all.
+    count: usize,
+    /// The earliest pending due time of every target that may be claimed now (its last
+    /// batch is confirmed), so a pass finds claimable timers without walking past the
+    /// ones of blocked targets.
+    heads: BTreeSet<(i64, TargetIx)>,
+    /// Each target's entry in `heads`.
+    head_of: HashMap<TargetIx, i64>,
     targets: Vec<(String, u32)>,
     target_ix: HashMap<(String, u32), TargetIx>,
     /// Per target, its last intent. At most one per target is unconfirmed: a mover claims
@@ -74,13 +82,19 @@ impl TimerState {
             None => {}
             Some(Entry::Schedule(s)) => {
                 let ix = self.target_ix(&s.topic, s.partition);
-                self.pending.insert((s.due_ms, offset), ix);
+                if self
+                    .pending
+                    .entry(ix)
+                    .or_default()
+                    .insert((s.due_ms, offset))
+                {
+                    self.count += 1;
+                }
+                self.reindex(ix);
             }
             Some(Entry::Intent(i)) => {
-                for (o, d) in i.offsets.iter().zip(&i.dues) {
-                    self.pending.remove(&(*d, *o));
-                }
                 let ix = self.target_ix(&i.topic, i.partition);
+                self.remove(ix, i.offsets.iter().zip(&i.dues));
                 if self.owner == Some((i.producer_id, i.producer_epoch as i16)) {
                     self.next_seq
                         .insert(ix, next_sequence(i.base_sequence, i.offsets.len()));
@@ -93,6 +107,7 @@ impl TimerState {
                         confirmed: false,
                     },
                 );
+                self.reindex(ix);
             }
             Some(Entry::Done(d)) => {
                 let ix = self.target_ix(&d.topic, d.partition);
@@ -101,14 +116,16 @@ impl TimerState {
                         last.confirmed = true;
                     }
                 }
+                self.reindex(ix);
             }
             Some(Entry::Cancel(c)) => {
-                self.pending.remove(&(c.due_ms, c.offset));
+                if let Some(ix) = self.target_of(c.offset, c.due_ms) {
+                    self.remove(ix, [(&c.offset, &c.due_ms)]);
+                }
             }
             Some(Entry::Dropped(d)) => {
-                for (o, due) in d.offsets.iter().zip(&d.dues) {
-                    self.pending.remove(&(*due, *o));
-                }
+                let ix = self.target_ix(&d.topic, d.partition);
+                self.remove(ix, d.offsets.iter().zip(&d.dues));
             }
             Some(Entry::Owner(o)) => {
                 self.owner = Some((o.producer_id, o.producer_epoch as i16));
@@ -117,19 +134,60 @@ impl TimerState {
         }
     }
 
+    /// Takes timers of `target` out of the pending ones.
+    fn remove<'a>(
+        &mut self,
+        target: TargetIx,
+        timers: impl IntoIterator<Item = (&'a u64, &'a i64)>,
+    ) {
+        if let Some(set) = self.pending.get_mut(&target) {
+            for (o, d) in timers {
+                if set.remove(&(*d, *o)) {
+                    self.count -= 1;
+                }
+            }
+        }
+        self.reindex(target);
+    }
+
+    /// Puts `target`'s entry in `heads` right: its earliest pending due time when it may
+    /// be claimed, none when it has nothing pending or waits for a batch.
+    fn reindex(&mut self, target: TargetIx) {
+        if let Some(due) = self.head_of.remove(&target) {
+            self.heads.remove(&(due, target));
+        }
+        let blocked = self.last_intent.get(&target).is_some_and(|l| !l.confirmed);
+        if blocked {
+            return;
+        }
+        if let Some(&(due, _)) = self.pending.get(&target).and_then(|s| s.first()) {
+            self.heads.insert((due, target));
+            self.head_of.insert(target, due);
+        }
+    }
+
+    /// The target holding a pending timer (looked up by its id's offset and due time: a
+    /// cancel, which is rare, pays a look at each target).
+    fn target_of(&self, offset: u64, due_ms: i64) -> Option<TargetIx> {
+        self.pending
+            .iter()
+            .find(|(_, set)| set.contains(&(due_ms, offset)))
+            .map(|(ix, _)| *ix)
+    }
+
     /// Whether the timer is pending (not delivered, claimed, cancelled or dropped).
     pub fn is_pending(&self, offset: u64, due_ms: i64) -> bool {
-        self.pending.contains_key(&(due_ms, offset))
+        self.target_of(offset, due_ms).is_some()
     }
 
     /// Pending timers.
     pub fn len(&self) -> usize {
-        self.pending.len()
+        self.count
     }
 
     /// No pending timers.
     pub fn is_empty(&self) -> bool {
-        self.pending.is_empty()
+        self.count == 0
     }
 
     /// The current producer id and epoch, once an `Owner` was applied.
@@ -154,33 +212,43 @@ impl TimerState {
         v
     }
 
-    /// Due timers (due at or before `now_ms`) in due order, at most `limit`, skipping
-    /// targets whose last batch is unconfirmed (they wait for it: one batch in flight per
-    /// target keeps the sequence order). Looks at no more than `scan_max` timers.
-    pub fn due(&self, now_ms: i64, limit: usize, scan_max: usize) -> Vec<DueTimer> {
-        self.pending
-            .range(..=(now_ms, u64::MAX))
-            .take(scan_max)
-            .filter(|(_, t)| self.last_intent.get(t).is_none_or(|l| l.confirmed))
-            .take(limit)
-            .map(|(&(due_ms, offset), &target)| DueTimer {
-                due_ms,
-                offset,
-                target,
-            })
-            .collect()
+    /// Due timers (due at or before `now_ms`) of the targets that may be claimed (their
+    /// last batch is confirmed: one batch in flight per target keeps the sequence order),
+    /// at most `limit` in all and `per_target` per target, grouped by target in the order
+    /// of their earliest due time, each target's in due order.
+    pub fn due(&self, now_ms: i64, limit: usize, per_target: usize) -> Vec<DueTimer> {
+        let mut out = Vec::new();
+        for &(_, target) in self.heads.range(..=(now_ms, TargetIx::MAX)) {
+            if out.len() >= limit {
+                break;
+            }
+            let room = per_target.min(limit - out.len());
+            let set = &self.pending[&target];
+            out.extend(
+                set.range(..=(now_ms, u64::MAX))
+                    .take(room)
+                    .map(|&(due_ms, offset)| DueTimer {
+                        due_ms,
+                        offset,
+                        target,
+                    }),
+            );
+        }
+        out
     }
 
-    /// The earliest due time among pending timers.
+    /// The earliest due time among timers that may be claimed now.
     pub fn next_due(&self) -> Option<i64> {
-        self.pending.keys().next().map(|(d, _)| *d)
+        self.heads.first().map(|(d, _)| *d)
     }
 
     /// Pending timers per target topic.
     pub fn pending_by_topic(&self) -> BTreeMap<String, u64> {
         let mut out = BTreeMap::new();
-        for ix in self.pending.values() {
-            *out.entry(self.targets[*ix as usize].0.clone()).or_default() += 1;
+        for (ix, set) in &self.pending {
+            if !set.is_empty() {
+                *out.entry(self.targets[*ix as usize].0.clone()).or_default() += set.len() as u64;
+            }
         }
         out
     }
@@ -261,9 +329,10 @@ mod tests {
         s.apply(3, &schedule("b", 1, 60));
         assert!(s.due(40, 10, 100).is_empty());
         let due = s.due(100, 10, 100);
+        // Grouped by target, targets in the order of their earliest due time.
         assert_eq!(
             due.iter().map(|d| d.offset).collect::<Vec<_>>(),
-            vec![2, 3, 1]
+            vec![2, 1, 3]
         );
         let batches = plan_batches(&due, 10);
         assert_eq!(batches.len(), 2);
@@ -362,6 +431,25 @@ mod tests {
                     }
                 }
             }
+            // What a pass may claim: every due timer of every target not waiting for a
+            // batch, and nothing else.
+            for now in [0i64, 25, 50] {
+                let mut got: Vec<(i64, u64)> = live
+                    .due(now, usize::MAX, usize::MAX)
+                    .iter()
+                    .map(|d| (d.due_ms, d.offset))
+                    .collect();
+                got.sort_unstable();
+                let mut want: Vec<(i64, u64)> = live
+                    .pending
+                    .iter()
+                    .filter(|(ix, _)| live.last_intent.get(ix).is_none_or(|l| l.confirmed))
+                    .flat_map(|(_, set)| set.iter().copied())
+                    .filter(|(d, _)| *d <= now)
+                    .collect();
+                want.sort_unstable();
+                prop_assert_eq!(got, want);
+            }
             let mut replay = TimerState::default();
             for (o, r) in log.iter().enumerate() {
                 replay.apply(o as u64, r);
@@ -369,7 +457,7 @@ mod tests {
             prop_assert_eq!(&live.pending, &replay.pending);
             prop_assert_eq!(live.unconfirmed(), replay.unconfirmed());
             for o in claimed {
-                prop_assert!(!live.pending.iter().any(|((_, off), _)| *off == o));
+                prop_assert!(!live.pending.values().any(|set| set.iter().any(|(_, off)| *off == o)));
             }
         }
     }
