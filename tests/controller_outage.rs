@@ -9,14 +9,12 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{binary, eventually, read_all, BrokerCluster};
+use common::{eventually, read_all, BrokerCluster};
 use parking_lot::Mutex;
 use tidelog::api::proto::TopicState;
 use tidelog::client::group_consumer::{GroupConfig, GroupConsumer, OffsetReset};
@@ -237,26 +235,8 @@ async fn create_topic(c: &BrokerCluster) -> TopicState {
 /// Runs `tidelog ARGS` with `input` on stdin; returns (success, stderr, elapsed).
 fn run_cli(args: &[&str], input: &str) -> (bool, String, Duration) {
     let started = Instant::now();
-    let mut child = Command::new(binary())
-        .args(args)
-        .env_remove("TIDELOG_BOOTSTRAP")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run tidelog");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().expect("wait");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-        started.elapsed(),
-    )
+    let (ok, _, stderr) = common::cli_stdin(args, input);
+    (ok, stderr, started.elapsed())
 }
 
 /// `tidelog topics create --topic later` through the brokers.
