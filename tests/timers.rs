@@ -395,14 +395,16 @@ async fn scheduled_records_survive_killed_timer_leaders() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_timers_partition_refuses_more_with_a_code() {
     let dir = tempfile::tempdir().unwrap();
-    let port = free_ports(1)[0];
-    let bootstrap = vec![format!("127.0.0.1:{port}")];
+    let ports = free_ports(2);
+    let bootstrap = vec![format!("127.0.0.1:{}", ports[0])];
+    let http = format!("127.0.0.1:{}", ports[1]);
     let _server = common::standalone_with(
         dir.path(),
-        port,
+        ports[0],
         &[
             ("TIDELOG_TIMERS_TOPIC_NUM_PARTITIONS", "1"),
             ("TIDELOG_TIMERS_MAX_PENDING_PER_PARTITION", "5"),
+            ("TIDELOG_HTTP_LISTEN", &http),
         ],
     );
     let admin = AdminClient::new(bootstrap.clone(), Duration::from_secs(20));
@@ -436,6 +438,18 @@ async fn a_full_timers_partition_refuses_more_with_a_code() {
         "{refused}"
     );
     assert!(refused.message.contains("limit of 5"), "{refused}");
+    // The broker exports what is pending per topic.
+    let (status, body) = common::http_get(&http, "/metrics").unwrap();
+    assert_eq!(status, 200);
+    assert!(
+        body.lines()
+            .any(|l| l == "tidelog_timers_pending{topic=\"full\"} 5"),
+        "{}",
+        body.lines()
+            .filter(|l| l.contains("timers"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     // A cancel makes room again.
     producer.cancel_scheduled(&ids[0]).await.unwrap();
     producer

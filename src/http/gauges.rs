@@ -81,6 +81,10 @@ pub fn describe() {
         Unit::Bytes,
         "A stored partition's segment bytes."
     );
+    describe_gauge!(
+        "tidelog_timers_pending",
+        "Per topic: scheduled (delayed) records pending in the __timers partitions this broker leads."
+    );
     describe_gauge!("tidelog_partitions", "Partitions stored on this broker.");
     describe_gauge!("tidelog_partitions_leader", "Partitions this broker leads.");
     describe_gauge!(
@@ -276,6 +280,25 @@ pub async fn refresh(roles: &Roles) {
         .await;
         gauge!("tidelog_broker_fenced").set(f64::from(u8::from(fenced)));
         groups(broker).await;
+        timers(broker).await;
+    }
+}
+
+/// Pending scheduled records per target topic in the `__timers` partitions this broker
+/// leads (0 for the other topics, so a count that fell to nothing shows it); summed over
+/// the brokers, a topic's pending delayed records.
+async fn timers(broker: &super::health::BrokerRole) {
+    let pending = broker.timers.pending_by_topic().await;
+    let topics: Vec<String> = broker
+        .node
+        .metadata()
+        .read(|image| image.topics.keys().cloned().collect());
+    for topic in topics {
+        if crate::controller::validation::is_reserved_topic(&topic) {
+            continue;
+        }
+        let n = pending.get(&topic).copied().unwrap_or(0);
+        gauge!("tidelog_timers_pending", "topic" => topic).set(n as f64);
     }
 }
 

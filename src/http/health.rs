@@ -33,6 +33,8 @@ pub struct BrokerRole {
     pub link: Arc<ControllerLink>,
     /// The group coordinator.
     pub groups: Arc<GroupCoordinator>,
+    /// The durable timers (delayed records).
+    pub timers: Arc<crate::broker::timer::Timers>,
 }
 
 /// Whether a broker in `status` is ready, and why not (pure).

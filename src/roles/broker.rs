@@ -412,6 +412,7 @@ impl BrokerRuntime {
             node: self.node.clone(),
             link: self.link.clone(),
             groups: self.groups.clone(),
+            timers: self.timers.clone(),
         }
     }
 
