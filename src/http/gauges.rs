@@ -280,15 +280,15 @@ pub async fn refresh(roles: &Roles) {
         .await;
         gauge!("tidelog_broker_fenced").set(f64::from(u8::from(fenced)));
         groups(broker).await;
-        timers(broker).await;
+        timers(broker);
     }
 }
 
 /// Pending scheduled records per target topic in the `__timers` partitions this broker
 /// leads (0 for the other topics, so a count that fell to nothing shows it); summed over
 /// the brokers, a topic's pending delayed records.
-async fn timers(broker: &super::health::BrokerRole) {
-    let pending = broker.timers.pending_by_topic().await;
+fn timers(broker: &super::health::BrokerRole) {
+    let pending = broker.timers.pending_by_topic();
     let topics: Vec<String> = broker
         .node
         .metadata()

@@ -123,6 +123,9 @@ struct Loaded {
 struct Slot {
     loaded: tokio::sync::Mutex<Option<Loaded>>,
     wake: Notify,
+    /// Pending timers per target topic as of the mover's last pass (read by metrics
+    /// without waiting for `loaded`, which appends hold).
+    pending: Mutex<BTreeMap<String, u64>>,
 }
 
 /// The timers of a broker.
@@ -323,14 +326,13 @@ impl Timers {
     }
 
     /// Pending timers per target topic, over the `__timers` partitions this broker leads.
-    pub async fn pending_by_topic(&self) -> BTreeMap<String, u64> {
+    /// (As of each mover's last pass.)
+    pub fn pending_by_topic(&self) -> BTreeMap<String, u64> {
         let slots: Vec<Arc<Slot>> = self.slots.lock().values().cloned().collect();
         let mut out = BTreeMap::new();
         for slot in slots {
-            if let Some(l) = slot.loaded.lock().await.as_ref() {
-                for (t, n) in l.state.pending_by_topic() {
-                    *out.entry(t).or_default() += n;
-                }
+            for (t, n) in slot.pending.lock().iter() {
+                *out.entry(t.clone()).or_default() += n;
             }
         }
         out
@@ -513,6 +515,7 @@ impl Timers {
         let mut guard = slot.loaded.lock().await;
         if guard.as_ref().is_some_and(|l| l.epoch == epoch) {
             *guard = None;
+            slot.pending.lock().clear();
         }
     }
 
@@ -806,6 +809,7 @@ impl Timers {
         }
         // Sleep until the next timer a pass could claim falls due, or the next retry;
         // not at all when an unconfirmed batch may go now (a reissued one).
+        *slot.pending.lock() = loaded.state.pending_by_topic();
         let next_due = loaded.state.next_due();
         let committed = loaded.local.log.high_watermark().0;
         let ready_now = loaded.state.unconfirmed().iter().any(|l| {
