@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::{cli, eventually, free_ports, standalone, BrokerCluster};
 use tidelog::api::proto::broker_client::BrokerClient;
-use tidelog::api::proto::{PartitionProduceData, ProduceRequest, Record, TopicProduceData};
+use tidelog::api::proto::{
+    PartitionProduceData, PartitionProduceResponse, ProduceRequest, Record, TopicProduceData,
+};
 use tidelog::api::status::to_wire;
 use tidelog::client::producer::{Due, Producer, ProducerConfig, ProducerRecord};
 use tidelog::client::AdminClient;
@@ -167,6 +169,28 @@ async fn schedule_many(
     out
 }
 
+/// One Produce of `records` to `topic`-`partition` over raw gRPC; the partition's answer.
+async fn produce_raw(
+    client: &mut BrokerClient<tonic::transport::Channel>,
+    topic: &str,
+    partition: u32,
+    records: Vec<Record>,
+) -> PartitionProduceResponse {
+    let request = ProduceRequest {
+        acks: Some(-1),
+        timeout_ms: 5_000,
+        topics: vec![TopicProduceData {
+            topic: topic.into(),
+            partitions: vec![PartitionProduceData {
+                partition,
+                records,
+                ..Default::default()
+            }],
+        }],
+    };
+    client.produce(request).await.unwrap().into_inner().topics[0].partitions[0].clone()
+}
+
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -219,31 +243,20 @@ async fn scheduled_records_arrive_once_on_time_and_survive_kill9() {
         (None, Some(now_ms() + 41 * 24 * 3600 * 1000), "max.delay.ms"),
         (Some(10), Some(now_ms()), "not both"),
     ] {
-        let request = ProduceRequest {
-            acks: Some(-1),
-            timeout_ms: 5_000,
-            topics: vec![TopicProduceData {
-                topic: "delayed".into(),
-                partitions: vec![PartitionProduceData {
-                    partition: 0,
-                    records: vec![
-                        Record {
-                            value: Some(Bytes::from("good")),
-                            delay_ms: Some(100),
-                            ..Default::default()
-                        },
-                        Record {
-                            value: Some(Bytes::from("bad")),
-                            delay_ms,
-                            deliver_at_ms,
-                            ..Default::default()
-                        },
-                    ],
-                    ..Default::default()
-                }],
-            }],
-        };
-        let p = client.produce(request).await.unwrap().into_inner().topics[0].partitions[0].clone();
+        let records = vec![
+            Record {
+                value: Some(Bytes::from("good")),
+                delay_ms: Some(100),
+                ..Default::default()
+            },
+            Record {
+                value: Some(Bytes::from("bad")),
+                delay_ms,
+                deliver_at_ms,
+                ..Default::default()
+            },
+        ];
+        let p = produce_raw(&mut client, "delayed", 0, records).await;
         assert_eq!(
             p.error_code,
             to_wire(ErrorCode::InvalidDelay),
@@ -253,29 +266,18 @@ async fn scheduled_records_arrive_once_on_time_and_survive_kill9() {
     }
 
     // Scheduled and plain records in one partition entry: refused, nothing written.
-    let mixed = ProduceRequest {
-        acks: Some(-1),
-        timeout_ms: 5_000,
-        topics: vec![TopicProduceData {
-            topic: "delayed".into(),
-            partitions: vec![PartitionProduceData {
-                partition: 1,
-                records: vec![
-                    Record {
-                        value: Some(Bytes::from("plain")),
-                        ..Default::default()
-                    },
-                    Record {
-                        value: Some(Bytes::from("later")),
-                        delay_ms: Some(10),
-                        ..Default::default()
-                    },
-                ],
-                ..Default::default()
-            }],
-        }],
-    };
-    let p = client.produce(mixed).await.unwrap().into_inner().topics[0].partitions[0].clone();
+    let records = vec![
+        Record {
+            value: Some(Bytes::from("plain")),
+            ..Default::default()
+        },
+        Record {
+            value: Some(Bytes::from("later")),
+            delay_ms: Some(10),
+            ..Default::default()
+        },
+    ];
+    let p = produce_raw(&mut client, "delayed", 1, records).await;
     assert_eq!(p.error_code, to_wire(ErrorCode::InvalidRequest), "{p:?}");
 
     // 300 records due within 0.5 to 4 s; a kill -9 while they are pending.
