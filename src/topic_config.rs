@@ -46,7 +46,25 @@ pub struct TopicConfig {
     pub min_insync_replicas: u32,
     /// `unclean.leader.election.enable`: allow a leader from outside the ISR.
     pub unclean_leader_election: bool,
+    /// `reconsume.backoff.ms`: on a group's retry topic, the pause before redelivery
+    /// number n is the nth entry (the last one beyond the list).
+    pub reconsume_backoff_ms: Vec<u64>,
+    /// `max.reconsume.times`: on a group's retry topic, redeliveries before a record
+    /// that is still refused goes to the group's dead-letter topic.
+    pub max_reconsume_times: u32,
 }
+
+/// RocketMQ's retry levels, from 1 s to 2 h (`reconsume.backoff.ms` by default).
+pub const RECONSUME_BACKOFF_DEFAULT_MS: [u64; 18] = [
+    1_000, 5_000, 10_000, 30_000, 60_000, 120_000, 180_000, 240_000, 300_000, 360_000, 420_000,
+    480_000, 540_000, 600_000, 1_200_000, 1_800_000, 3_600_000, 7_200_000,
+];
+/// Most entries `reconsume.backoff.ms` may list.
+pub const RECONSUME_LEVELS_MAX: usize = 64;
+/// Longest entry of `reconsume.backoff.ms`: the longest delay a timer takes (40 days).
+pub const RECONSUME_BACKOFF_MAX_MS: u64 = 40 * DAY_MS as u64;
+/// Largest `max.reconsume.times`.
+pub const MAX_RECONSUME_TIMES_MAX: u32 = 10_000;
 
 /// Largest size of a segment: positions in the offset index are 32-bit.
 pub const SEGMENT_BYTES_MAX: u64 = i32::MAX as u64;
@@ -67,6 +85,8 @@ impl Default for TopicConfig {
             flush_mode: FlushMode::Async,
             min_insync_replicas: 1,
             unclean_leader_election: false,
+            reconsume_backoff_ms: RECONSUME_BACKOFF_DEFAULT_MS.to_vec(),
+            max_reconsume_times: 16,
         }
     }
 }
@@ -121,6 +141,14 @@ pub const KEYS: &[(&str, &str)] = &[
         "replicas needed for acks=all [1, ..]",
     ),
     ("unclean.leader.election.enable", "true | false"),
+    (
+        "reconsume.backoff.ms",
+        "retry topics: pause before each redelivery, ms, comma-separated (1 to 64 entries)",
+    ),
+    (
+        "max.reconsume.times",
+        "retry topics: redeliveries before the dead-letter topic [0, 10000]",
+    ),
 ];
 
 fn parse_int<T: std::str::FromStr + PartialOrd + fmt::Display + Copy>(
@@ -154,6 +182,25 @@ fn parse_limit(key: &str, value: &str, min: i64) -> Result<i64, ConfigError> {
         });
     }
     Ok(v)
+}
+
+/// A comma-separated list of 1 to [`RECONSUME_LEVELS_MAX`] delays in ms.
+fn parse_levels(key: &str, value: &str) -> Result<Vec<u64>, ConfigError> {
+    let levels = value
+        .split(',')
+        .map(|v| parse_int(key, v, 0, RECONSUME_BACKOFF_MAX_MS))
+        .collect::<Result<Vec<u64>, _>>()?;
+    if levels.len() > RECONSUME_LEVELS_MAX {
+        return Err(ConfigError {
+            key: key.to_owned(),
+            value: value.to_owned(),
+            reason: format!(
+                "lists {} delays; the limit is {RECONSUME_LEVELS_MAX}",
+                levels.len()
+            ),
+        });
+    }
+    Ok(levels)
 }
 
 impl TopicConfig {
@@ -211,6 +258,10 @@ impl TopicConfig {
                     }
                 }
             }
+            "reconsume.backoff.ms" => self.reconsume_backoff_ms = parse_levels(key, value)?,
+            "max.reconsume.times" => {
+                self.max_reconsume_times = parse_int(key, value, 0, MAX_RECONSUME_TIMES_MAX)?
+            }
             _ => {
                 return Err(ConfigError {
                     key: key.into(),
@@ -250,6 +301,15 @@ impl TopicConfig {
                 "unclean.leader.election.enable",
                 self.unclean_leader_election.to_string(),
             ),
+            (
+                "reconsume.backoff.ms",
+                self.reconsume_backoff_ms
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+            ("max.reconsume.times", self.max_reconsume_times.to_string()),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
@@ -295,5 +355,23 @@ mod tests {
         assert_eq!(c.flush_mode, FlushMode::Sync);
         assert_eq!(c.retention_bytes, 1000);
         assert_eq!(c.min_insync_replicas, 2);
+    }
+
+    #[test]
+    fn reconsume_levels_parse_and_are_bounded() {
+        let c = TopicConfig::from_pairs([
+            ("reconsume.backoff.ms", "500, 1000,2000"),
+            ("max.reconsume.times", "3"),
+        ])
+        .unwrap();
+        assert_eq!(c.reconsume_backoff_ms, vec![500, 1000, 2000]);
+        assert_eq!(c.max_reconsume_times, 3);
+        for bad in ["", "1,,2", "-1", "1,x", &["1"; 65].join(",")] {
+            let err = TopicConfig::from_pairs([("reconsume.backoff.ms", bad)]).unwrap_err();
+            assert_eq!(err.key, "reconsume.backoff.ms", "{bad:?}");
+        }
+        let too_long = (RECONSUME_BACKOFF_MAX_MS + 1).to_string();
+        assert!(TopicConfig::from_pairs([("reconsume.backoff.ms", too_long.as_str())]).is_err());
+        assert!(TopicConfig::from_pairs([("max.reconsume.times", "10001")]).is_err());
     }
 }

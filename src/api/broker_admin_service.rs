@@ -17,13 +17,15 @@ use super::proto::{
     DeleteTopicRequest, DeleteTopicResponse, DescribeClusterRequest, DescribeClusterResponse,
     DescribeTopicsRequest, DescribeTopicsResponse, ElectLeadersRequest, ElectLeadersResponse,
     InitProducerIdRequest, InitProducerIdResponse, ListTopicsRequest, ListTopicsResponse,
-    PartitionOffsets,
+    PartitionOffsets, ScheduledPending,
 };
 use super::status::error_status;
+use crate::broker::timer::Timers;
 use crate::broker::BrokerNode;
 use crate::client::{AdminClient, ClientError};
 use crate::controller::validation;
 use crate::error_code::ErrorCode;
+use std::sync::Arc;
 
 /// How long InitProducerId waits for a block of ids when the broker has none left.
 const PRODUCER_ID_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -40,12 +42,24 @@ pub enum AdminBackend {
 pub struct BrokerAdminService {
     backend: AdminBackend,
     node: BrokerNode,
+    /// This broker's timers: topic descriptions count their pending delayed records.
+    timers: Option<Arc<Timers>>,
 }
 
 impl BrokerAdminService {
     /// A service forwarding to `backend`.
     pub fn new(backend: AdminBackend, node: BrokerNode) -> Self {
-        Self { backend, node }
+        Self {
+            backend,
+            node,
+            timers: None,
+        }
+    }
+
+    /// Topic descriptions include the pending delayed records of `timers`.
+    pub fn with_timers(mut self, timers: Arc<Timers>) -> Self {
+        self.timers = Some(timers);
+        self
     }
 }
 
@@ -172,8 +186,15 @@ impl Admin for BrokerAdminService {
         } else {
             via_backend!(self, describe_topics, r.clone(), c => c.describe_topics(r.topics.clone()))
         };
+        let pending = self.timers.as_ref().map(|t| t.pending_by_topic());
         for d in &mut response.topics {
             let Some(t) = &d.topic else { continue };
+            if let Some(pending) = &pending {
+                d.scheduled.push(ScheduledPending {
+                    broker_id: self.node.id().0,
+                    records: pending.get(&t.name).copied().unwrap_or(0),
+                });
+            }
             for p in &t.partitions {
                 if p.leader != Some(self.node.id().0) {
                     continue;

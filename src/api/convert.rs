@@ -215,6 +215,7 @@ pub fn describe_topics_response(
             .map(|t| proto::TopicDescription {
                 topic: Some(topic_to_proto(t)),
                 offsets: Vec::new(),
+                scheduled: Vec::new(),
             })
             .collect(),
         metadata_version: version,

@@ -19,6 +19,7 @@ use crate::client::push_consumer::{
     ConsumeResult, ListenMode, MessageListener, PushConfig, PushConsumer,
 };
 use crate::client::push_feed::PushSettings;
+use crate::client::retry::{Retrier, RetryPolicy};
 use crate::client::ClientError;
 
 /// Where records come from: assigned partitions, or a group membership.
@@ -133,11 +134,20 @@ pub struct ConsumeArgs {
     /// With --push --group: records handled at once.
     #[arg(long, default_value_t = 20, requires = "push", requires = "group")]
     workers: usize,
-    /// With --push --group: answer "later" on the first delivery of every Nth record, to
-    /// try redelivery from the shell (retried here: after a pause, in place when
-    /// --orderly).
-    #[arg(long, value_name = "N", requires = "push", requires = "group")]
+    /// With --group: nack every Nth record delivered (redeliveries count), to try
+    /// retries from the shell: it comes back through the group's retry topic after a
+    /// backoff, or goes to its dead-letter topic (with --push --orderly: retried in
+    /// place instead). Nacked records are not printed.
+    #[arg(long, value_name = "N", requires = "group", value_parser = clap::value_parser!(u64).range(1..))]
     nack_every: Option<u64>,
+    /// With --group: set the group's redeliveries before its dead-letter topic
+    /// (`max.reconsume.times` of its retry topic; default 16).
+    #[arg(long, value_name = "N", requires = "group")]
+    max_reconsume_times: Option<u32>,
+    /// With --group: set one fixed backoff before every redelivery of the group, instead
+    /// of the levels 1s 5s 10s 30s 1m ... 2h (`reconsume.backoff.ms` of its retry topic).
+    #[arg(long, value_name = "MS", requires = "group")]
+    retry_backoff_ms: Option<u64>,
     #[command(flatten)]
     client: ClientArgs,
 }
@@ -161,7 +171,11 @@ pub fn run(args: &ConsumeArgs) -> Result<(), CliError> {
     }
     block_on(async move {
         let mut source = match &args.group {
-            Some(group) => Source::Group(GroupConsumer::new(bootstrap, group_config(args, group))),
+            Some(group) => {
+                let mut config = group_config(args, group);
+                config.retry_policy = retry_policy(args, &bootstrap, group).await?;
+                Source::Group(GroupConsumer::new(bootstrap, config))
+            }
             None => {
                 let mut consumer = Consumer::new(bootstrap, timeout);
                 consumer.set_rack(args.rack.clone());
@@ -187,6 +201,7 @@ pub fn run(args: &ConsumeArgs) -> Result<(), CliError> {
             Source::Assigned(c) => c.set_filter(filter)?,
             Source::Group(g) => g.set_filter(filter)?,
         }
+        let mut delivered = 0u64;
         let idle_limit = args.timeout_ms.map(Duration::from_millis);
         let mut last_record = Instant::now();
         let mut printed = 0u64;
@@ -202,6 +217,13 @@ pub fn run(args: &ConsumeArgs) -> Result<(), CliError> {
                 last_record = Instant::now();
             }
             for (i, r) in records.iter().enumerate() {
+                delivered += 1;
+                if let (Some(every), Source::Group(g)) = (args.nack_every, &source) {
+                    if delivered.is_multiple_of(every) {
+                        g.nack(r, "consume --nack-every").await?;
+                        continue;
+                    }
+                }
                 println!("{}", record_line(&LineArgs::of(args), output, r));
                 printed += 1;
                 if args.max_messages.is_some_and(|m| printed >= m) {
@@ -215,6 +237,26 @@ pub fn run(args: &ConsumeArgs) -> Result<(), CliError> {
             }
         }
     })?
+}
+
+/// The retry policy `args` set for the group: the group's current one with the flags
+/// given applied (None without such flags).
+async fn retry_policy(
+    args: &ConsumeArgs,
+    bootstrap: &[String],
+    group: &str,
+) -> Result<Option<RetryPolicy>, ClientError> {
+    if args.max_reconsume_times.is_none() && args.retry_backoff_ms.is_none() {
+        return Ok(None);
+    }
+    let mut policy = Retrier::new(bootstrap.to_vec(), group).policy().await?;
+    if let Some(n) = args.max_reconsume_times {
+        policy.max_reconsume_times = n;
+    }
+    if let Some(ms) = args.retry_backoff_ms {
+        policy.backoff_ms = vec![ms];
+    }
+    Ok(Some(policy))
 }
 
 /// The group membership `args` ask for.
@@ -285,8 +327,8 @@ fn record_line(args: &LineArgs, output: OutputFormat, r: &ConsumerRecord) -> Str
 }
 
 /// The listener of `consume --push --group`: prints each record it is given, up to
-/// `--max-messages` (records past it are left unfinished, so they are not committed),
-/// answering "later" on the first delivery of every `--nack-every`th record.
+/// `--max-messages` (records past it are abandoned, so they are not committed),
+/// answering "later" on the first delivery (here) of every `--nack-every`th record.
 struct PrintListener {
     line: Box<dyn Fn(&ConsumerRecord) -> String + Send + Sync>,
     max: Option<u64>,
@@ -307,14 +349,13 @@ impl MessageListener for PrintListener {
         }
         let line = (self.line)(record);
         // The count and the print under one lock: never more than --max-messages. A
-        // record past it is answered "later" until the shutdown abandons it (so it is
-        // not committed).
+        // record past it is abandoned (not committed, not retried).
         let mut last = self.last_printed.lock();
         if self
             .max
             .is_some_and(|m| self.printed.load(Ordering::Relaxed) >= m)
         {
-            return ConsumeResult::Later;
+            return ConsumeResult::Abandon;
         }
         println!("{line}");
         self.printed.fetch_add(1, Ordering::Relaxed);
@@ -340,8 +381,10 @@ async fn push_group(
         printed: AtomicU64::new(0),
         last_printed: parking_lot::Mutex::new(Instant::now()),
     });
+    let mut group_config = group_config(args, &group);
+    group_config.retry_policy = retry_policy(args, &bootstrap, &group).await?;
     let config = PushConfig {
-        group: group_config(args, &group),
+        group: group_config,
         mode: if args.orderly {
             ListenMode::Orderly
         } else {
@@ -349,9 +392,6 @@ async fn push_group(
         },
         workers: args.workers,
         filter,
-        // Records past --max-messages are answered "later" until the shutdown: never
-        // given up (which would commit them).
-        local_retries: u32::MAX,
         ..PushConfig::default()
     };
     let consumer = PushConsumer::start(bootstrap, config, listener.clone())?;

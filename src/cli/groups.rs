@@ -1,10 +1,11 @@
-//! `tidelog groups list|describe|reset-offsets|delete`, like `kafka-consumer-groups.sh`.
+//! `tidelog groups list|describe|reset-offsets|delete|dlq`, like `kafka-consumer-groups.sh`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{json, Value};
 
 use super::client_args::{block_on, ClientArgs};
+use super::dlq::DlqCommand;
 use super::progress::Progress;
 use super::{CliError, OutputFormat};
 use crate::api::proto::CommittedOffset;
@@ -53,6 +54,11 @@ enum GroupsCommand {
         /// The group.
         #[arg(long)]
         group: String,
+    },
+    /// A group's dead letters: list, show, or replay them to their topics.
+    Dlq {
+        #[command(subcommand)]
+        command: DlqCommand,
     },
 }
 
@@ -114,6 +120,13 @@ pub fn run(args: &GroupsArgs) -> Result<(), CliError> {
                     .map(|o| (o.topic.clone(), o.partition))
                     .collect();
                 let ends = admin.log_ends(&partitions).await?;
+                let committed: BTreeMap<(String, u32), i64> = d
+                    .offsets
+                    .iter()
+                    .map(|o| ((o.topic.clone(), o.partition), o.offset))
+                    .collect();
+                let retries =
+                    super::dlq::retry_counts(&bootstrap, timeout, group, &committed).await?;
                 let offsets: Vec<Value> = d
                     .offsets
                     .iter()
@@ -148,7 +161,8 @@ pub fn run(args: &GroupsArgs) -> Result<(), CliError> {
                             json!({"group": d.group, "state": d.state, "strategy": d.strategy,
                                    "group_type": d.group_type,
                                    "broadcast": d.broadcast, "group_epoch": d.group_epoch,
-                                   "members": members, "offsets": offsets})
+                                   "members": members, "offsets": offsets,
+                                   "retry": retries.to_json(group)})
                         );
                     }
                     OutputFormat::Table => {
@@ -175,6 +189,13 @@ pub fn run(args: &GroupsArgs) -> Result<(), CliError> {
                                 parts.join(" ")
                             );
                         }
+                        println!(
+                            "Retries: {} scheduled, {} ready\tDead letters: {} ({} not replayed)",
+                            retries.scheduled,
+                            retries.ready,
+                            retries.dead_letters,
+                            retries.not_replayed
+                        );
                         println!("TOPIC\tPARTITION\tCOMMITTED\tLOG-END\tLAG");
                         for o in &offsets {
                             println!(
@@ -210,6 +231,9 @@ pub fn run(args: &GroupsArgs) -> Result<(), CliError> {
                     admin.reset(group, offsets).await?;
                 }
                 print_plan(output, group, &plan, *execute);
+            }
+            GroupsCommand::Dlq { command } => {
+                super::dlq::run(command, bootstrap, timeout, output).await?;
             }
             GroupsCommand::Delete { group } => {
                 admin.delete(group).await?;

@@ -5,6 +5,7 @@ pub mod client_args;
 pub mod cluster;
 pub mod consume;
 pub mod controller;
+pub mod dlq;
 pub mod dump_log;
 pub mod groups;
 pub mod logging;

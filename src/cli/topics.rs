@@ -398,11 +398,12 @@ pub fn print_descriptions(output: OutputFormat, topics: &[TopicDescription]) {
                     .collect::<Vec<_>>()
                     .join(",");
                 println!(
-                    "Topic: {}\tTopicId: {}\tPartitionCount: {}\tReplicationFactor: {}\tConfigs: {}",
+                    "Topic: {}\tTopicId: {}\tPartitionCount: {}\tReplicationFactor: {}\tScheduled: {}\tConfigs: {}",
                     t.name,
                     t.id,
                     t.partitions.len(),
                     replication_factor(&t),
+                    scheduled_pending(d),
                     config
                 );
                 for p in &t.partitions {
@@ -467,5 +468,11 @@ fn description_json(d: &TopicDescription) -> Value {
         "replication_factor": replication_factor(&t),
         "partitions": partitions,
         "config": t.config,
+        "scheduled_pending": scheduled_pending(d),
     })
+}
+
+/// Delayed records of the topic pending in the cluster's timers (summed over brokers).
+fn scheduled_pending(d: &TopicDescription) -> u64 {
+    d.scheduled.iter().map(|s| s.records).sum()
 }

@@ -125,44 +125,54 @@ impl AdminClient {
     }
 
     /// Describes topics (all when `names` is empty) with each partition's log start, high
-    /// watermark and log end, asked of the broker that leads it.
+    /// watermark and log end, asked of the broker that leads it, and the delayed records
+    /// each broker's timers hold for them (best effort: a broker that does not answer
+    /// quickly is left out).
     pub async fn describe_topics_with_offsets(
         &self,
         names: Vec<String>,
     ) -> Result<Vec<TopicDescription>, ClientError> {
         let mut topics = self.describe_topics(names.clone()).await?.topics;
-        let mut leaders: BTreeMap<i32, Vec<String>> = BTreeMap::new();
+        // Per broker to ask: the topics it leads a partition of with offsets missing.
+        let mut ask: BTreeMap<i32, Vec<String>> = BTreeMap::new();
         for d in &topics {
             let Some(t) = &d.topic else { continue };
             for p in &t.partitions {
                 let known = d.offsets.iter().any(|o| o.partition == p.partition);
                 if let (false, Some(leader)) = (known, p.leader) {
-                    let list = leaders.entry(leader).or_default();
+                    let list = ask.entry(leader).or_default();
                     if !list.contains(&t.name) {
                         list.push(t.name.clone());
                     }
                 }
             }
         }
-        if leaders.is_empty() {
-            return Ok(topics);
-        }
         let Ok(cluster) = self.describe_cluster().await else {
             return Ok(topics);
         };
-        for (leader, names) in leaders {
+        let answered: Vec<i32> = topics
+            .iter()
+            .flat_map(|d| d.scheduled.iter().map(|s| s.broker_id))
+            .collect();
+        let all: Vec<String> = topics
+            .iter()
+            .filter_map(|d| Some(d.topic.as_ref()?.name.clone()))
+            .collect();
+        for b in cluster.brokers.iter().filter_map(|b| b.broker.as_ref()) {
+            if !answered.contains(&b.id) {
+                ask.insert(b.id, all.clone());
+            }
+        }
+        for (id, names) in ask {
             let Some(b) = cluster
                 .brokers
                 .iter()
                 .filter_map(|b| b.broker.as_ref())
-                .find(|b| b.id == leader)
+                .find(|b| b.id == id && b.state == "unfenced")
             else {
                 continue;
             };
-            if b.state != "unfenced" {
-                continue;
-            }
-            // Best effort: a leader that does not answer quickly leaves its offsets out.
+            // Best effort: a broker that does not answer quickly is left out.
             let direct = AdminClient::new(vec![b.address.clone()], OFFSETS_FAN_OUT_TIMEOUT);
             let Ok(Ok(answer)) =
                 tokio::time::timeout(OFFSETS_FAN_OUT_TIMEOUT, direct.describe_topics(names)).await
@@ -179,7 +189,7 @@ impl AdminClient {
                     .topic
                     .iter()
                     .flat_map(|t| &t.partitions)
-                    .filter(|p| p.leader == Some(leader))
+                    .filter(|p| p.leader == Some(id))
                     .map(|p| p.partition)
                     .collect();
                 for o in theirs.offsets {
@@ -187,6 +197,11 @@ impl AdminClient {
                         && !mine.offsets.iter().any(|m| m.partition == o.partition)
                     {
                         mine.offsets.push(o);
+                    }
+                }
+                for s in theirs.scheduled {
+                    if s.broker_id == id && !mine.scheduled.iter().any(|m| m.broker_id == id) {
+                        mine.scheduled.push(s);
                     }
                 }
             }

@@ -22,6 +22,7 @@ use tonic::transport::Channel;
 use super::connection::Connection;
 use super::consumer::{Consumer, ConsumerFilter, ConsumerRecord, StartAt};
 use super::error::ClientError;
+use super::retry::{self, NackOutcome, Retrier, RetryPolicy};
 use crate::api::proto::groups_client::GroupsClient;
 use crate::api::proto::{
     CommittedOffset, FindCoordinatorRequest, GroupHeartbeatRequest, OffsetCommitRequest,
@@ -72,6 +73,10 @@ pub struct GroupConfig {
     /// partitions with a replica in this rack first, and fetches go to an in-sync
     /// replica in this rack when the leader is in another (KIP-392).
     pub rack: Option<String>,
+    /// The group's retry policy, written to its retry topic when the member starts
+    /// (None: keep what the group has, defaults for a new one). Broadcast groups do not
+    /// retry.
+    pub retry_policy: Option<RetryPolicy>,
 }
 
 impl Default for GroupConfig {
@@ -89,6 +94,7 @@ impl Default for GroupConfig {
             auto_commit_interval: Duration::from_secs(5),
             auto_offset_reset: OffsetReset::Latest,
             rack: None,
+            retry_policy: None,
         }
     }
 }
@@ -113,6 +119,12 @@ struct Membership {
 
 struct Shared {
     config: GroupConfig,
+    /// The topics the member asks for: the configured ones and the group's retry topic.
+    subscription: Vec<String>,
+    /// The group's retry topic and its nacks (None for broadcast groups: they do not
+    /// retry).
+    retry_topic: Option<String>,
+    retrier: Option<Arc<Retrier>>,
     connection: Connection,
     membership: Mutex<Membership>,
     wake: Notify,
@@ -168,7 +180,7 @@ impl Shared {
             member_epoch: if leaving { -1 } else { epoch },
             instance_id: self.config.instance_id.clone(),
             client_id: self.config.client_id.clone(),
-            topics: self.config.topics.clone(),
+            topics: self.subscription.clone(),
             topic_regex: self.config.topic_regex.clone().unwrap_or_default(),
             strategy: self.config.strategy.clone(),
             broadcast: self.config.broadcast,
@@ -273,13 +285,30 @@ pub struct GroupConsumer {
     lost_count: u64,
     task: tokio::task::JoinHandle<()>,
     hooks: Option<Arc<dyn PartitionHooks>>,
+    /// `config.retry_policy`, until the first poll writes it.
+    policy_to_set: Option<RetryPolicy>,
 }
 
 impl GroupConsumer {
-    /// Joins `config.group` through the cluster at `bootstrap`.
+    /// Joins `config.group` through the cluster at `bootstrap`. Unless the group is a
+    /// broadcast one, the member also reads the group's retry topic (see [`Self::nack`]).
     pub fn new(bootstrap: Vec<String>, config: GroupConfig) -> Self {
+        let retry_topic = (!config.broadcast)
+            .then(|| retry::retry_topic(&config.group).ok())
+            .flatten();
+        let mut subscription = config.topics.clone();
+        subscription.extend(retry_topic.clone());
+        let policy_to_set = config
+            .retry_policy
+            .clone()
+            .filter(|_| retry_topic.is_some());
         let shared = Arc::new(Shared {
             connection: Connection::new(bootstrap.clone(), Duration::from_secs(30)),
+            subscription,
+            retrier: retry_topic
+                .is_some()
+                .then(|| Arc::new(Retrier::new(bootstrap.clone(), &config.group))),
+            retry_topic,
             config,
             membership: Mutex::new(Membership::default()),
             wake: Notify::new(),
@@ -311,6 +340,43 @@ impl GroupConsumer {
             lost_count: 0,
             task,
             hooks: None,
+            policy_to_set,
+        }
+    }
+
+    /// The group's retry and dead-letter writer (None for broadcast groups), for tasks
+    /// that nack on their own (the push consumer's listeners).
+    pub fn retrier(&self) -> Option<Arc<Retrier>> {
+        self.shared.retrier.clone()
+    }
+
+    /// Negatively acknowledges a record this member polled: a copy comes back to the
+    /// group (through its retry topic) after the backoff of its redelivery number, or goes
+    /// to the group's dead-letter topic once `max.reconsume.times` is used up. Returns
+    /// once that copy is durable; the record itself counts as consumed (the partition's
+    /// committed offset moves past it). `reason` is kept with a dead letter.
+    /// INVALID_REQUEST for broadcast groups: as in RocketMQ, they do not retry.
+    pub async fn nack(
+        &self,
+        record: &ConsumerRecord,
+        reason: &str,
+    ) -> Result<NackOutcome, ClientError> {
+        match &self.shared.retrier {
+            Some(r) => r.nack(record, reason).await,
+            None => Err(ClientError::new(
+                ErrorCode::InvalidRequest,
+                if self.shared.config.broadcast {
+                    format!(
+                        "group '{}' is a broadcast group: broadcast groups do not retry, so a record cannot be nacked",
+                        self.shared.config.group
+                    )
+                } else {
+                    retry::retry_topic(&self.shared.config.group)
+                        .err()
+                        .map(|e| e.message)
+                        .unwrap_or_default()
+                },
+            )),
         }
     }
 
@@ -392,8 +458,12 @@ impl GroupConsumer {
         if !added.is_empty() {
             let committed = self.fetch_committed(&added).await?;
             for tp in &added {
+                let is_retry_topic = self.shared.retry_topic.as_ref() == Some(&tp.0);
                 let start = match committed.get(tp) {
                     Some(&o) => StartAt::Offset(o),
+                    // Retries scheduled before the member first held the partition are
+                    // the group's: read them all.
+                    None if is_retry_topic => StartAt::Earliest,
                     None => match self.shared.config.auto_offset_reset {
                         OffsetReset::Earliest => StartAt::Earliest,
                         OffsetReset::Latest => StartAt::Latest,
@@ -483,6 +553,10 @@ impl GroupConsumer {
 
     /// Reads the next records of the assigned partitions, waiting up to `max_wait`.
     pub async fn poll(&mut self, max_wait: Duration) -> Result<Vec<ConsumerRecord>, ClientError> {
+        if let (Some(policy), Some(retrier)) = (&self.policy_to_set, &self.shared.retrier) {
+            retrier.set_policy(policy).await?;
+            self.policy_to_set = None;
+        }
         self.reconcile().await?;
         if self.shared.config.auto_commit
             && self.last_commit.elapsed() >= self.shared.config.auto_commit_interval

@@ -8,6 +8,7 @@
 //! - [`push_feed`]: the consumer's push mode (records pushed over Subscribe streams);
 //! - [`push_consumer`]: a group member that runs a listener on pushed records
 //!   (concurrently or in order per partition);
+//! - [`retry`]: nacks: retry topics with backoff, and dead-letter topics;
 //! - [`cluster`]: partition leaders from the Metadata RPC;
 //! - [`controller`]: the broker's side of the broker lifecycle API;
 //! - [`connection`]: bootstrap lists, channels, and the shared retry loop.
@@ -26,6 +27,7 @@ pub mod partitioner;
 pub mod producer;
 pub mod push_consumer;
 pub mod push_feed;
+pub mod retry;
 
 pub use admin::AdminClient;
 pub use error::ClientError;

@@ -3,8 +3,11 @@
 //!
 //! - **Concurrent** ([`ListenMode::Concurrent`]): records run on a pool of `workers`
 //!   tasks in any order. A record the listener answers [`ConsumeResult::Later`] for is
-//!   retried here after `retry_pause`, up to `local_retries` times; then it is given up
-//!   (logged and counted in [`PushStats::given_up`]).
+//!   nacked: it comes back through the group's retry topic after a backoff, or goes to
+//!   its dead-letter topic ([`super::retry`]), and its partition moves on. Broadcast
+//!   groups (which do not retry), and nacks that fail, retry here after `retry_pause`,
+//!   up to `local_retries` times; then the record is given up (logged and counted in
+//!   [`PushStats::given_up`]).
 //! - **Orderly** ([`ListenMode::Orderly`]): each partition has at most one record in the
 //!   listener at a time, in offset order (a per-partition queue drained by one task, as
 //!   RocketMQ's per-queue lock). `Later` retries the same record in place after
@@ -33,6 +36,7 @@ use super::consumer::{ConsumerFilter, ConsumerRecord};
 use super::error::ClientError;
 use super::group_consumer::{GroupConfig, GroupConsumer, PartitionHooks, TopicPartition};
 use super::push_feed::PushSettings;
+use super::retry::{NackOutcome, Retrier};
 
 /// What the listener made of a record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,6 +45,10 @@ pub enum ConsumeResult {
     Success,
     /// Not now: deliver it again later.
     Later,
+    /// Not done and not to be retried here: the record stays uncommitted (the
+    /// partition's next owner, or this member's next session, gets it again). For a
+    /// listener that is shutting down.
+    Abandon,
 }
 
 /// The application's record handler.
@@ -114,6 +122,10 @@ pub struct PushStats {
     pub later: AtomicU64,
     /// Concurrent records given up after `local_retries` retries.
     pub given_up: AtomicU64,
+    /// `Later` records sent to the retry topic.
+    pub retried: AtomicU64,
+    /// `Later` records sent to the dead-letter topic.
+    pub dead_lettered: AtomicU64,
 }
 
 /// Records of one partition that are not done.
@@ -143,6 +155,8 @@ struct Progress {
 struct Shared {
     config: PushConfig,
     listener: Arc<dyn MessageListener>,
+    /// Nacks `Later` records (None: broadcast group).
+    retrier: Option<Arc<Retrier>>,
     workers: Arc<Semaphore>,
     progress: Mutex<BTreeMap<TopicPartition, Progress>>,
     /// Rung whenever a record finishes or is dropped.
@@ -301,6 +315,7 @@ impl PushConsumer {
         group.set_filter(config.filter.clone())?;
         group.enable_push(config.push);
         let shared = Arc::new(Shared {
+            retrier: group.retrier(),
             workers: Arc::new(Semaphore::new(config.workers)),
             config,
             listener,
@@ -454,7 +469,8 @@ async fn hand_over(shared: &Arc<Shared>, holding: u64, record: ConsumerRecord) {
     });
 }
 
-/// One concurrent record: the listener, with bounded local retries.
+/// One concurrent record: the listener; a `Later` record is nacked (or, when that is
+/// not possible, retried here a bounded number of times).
 async fn run_concurrent(
     shared: &Shared,
     tp: &TopicPartition,
@@ -474,8 +490,16 @@ async fn run_concurrent(
                 shared.finish(tp, holding, record.offset);
                 return;
             }
+            ConsumeResult::Abandon => {
+                shared.abandon(tp, holding);
+                return;
+            }
             ConsumeResult::Later => {
                 shared.stats.later.fetch_add(1, Ordering::Relaxed);
+                if nack(shared, &record).await {
+                    shared.finish(tp, holding, record.offset);
+                    return;
+                }
                 if attempt < attempts {
                     tokio::time::sleep(shared.config.retry_pause).await;
                 }
@@ -488,6 +512,28 @@ async fn run_concurrent(
         "the listener answered Later every time; giving the record up"
     );
     shared.finish(tp, holding, record.offset);
+}
+
+/// Nacks a `Later` record through the group's retry topic; false when the group does
+/// not retry or the nack failed (the caller retries locally).
+async fn nack(shared: &Shared, record: &ConsumerRecord) -> bool {
+    let Some(retrier) = &shared.retrier else {
+        return false;
+    };
+    match retrier.nack(record, "the listener answered Later").await {
+        Ok(NackOutcome::Retried { .. }) => {
+            shared.stats.retried.fetch_add(1, Ordering::Relaxed);
+            true
+        }
+        Ok(NackOutcome::DeadLettered { .. }) => {
+            shared.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+            true
+        }
+        Err(e) => {
+            tracing::warn!(topic = %record.topic, partition = record.partition, offset = record.offset, error = %e, "nack failed; retrying the record here");
+            false
+        }
+    }
 }
 
 /// The listener on one record; a panic counts as `Later`.
@@ -536,10 +582,17 @@ async fn drain_in_order(shared: Arc<Shared>, tp: TopicPartition, holding: u64) {
         shared.stats.delivered.fetch_add(1, Ordering::Relaxed);
         let mut attempt = 1u32;
         loop {
-            if call(&*shared.listener, &record, attempt).await == ConsumeResult::Success {
-                shared.stats.succeeded.fetch_add(1, Ordering::Relaxed);
-                shared.finish(&tp, holding, record.offset);
-                break;
+            match call(&*shared.listener, &record, attempt).await {
+                ConsumeResult::Success => {
+                    shared.stats.succeeded.fetch_add(1, Ordering::Relaxed);
+                    shared.finish(&tp, holding, record.offset);
+                    break;
+                }
+                ConsumeResult::Abandon => {
+                    shared.abandon(&tp, holding);
+                    return;
+                }
+                ConsumeResult::Later => {}
             }
             shared.stats.later.fetch_add(1, Ordering::Relaxed);
             tokio::time::sleep(shared.config.orderly_retry_pause).await;

@@ -7,6 +7,11 @@ pub const DELAY_HEADER: &str = "tidelog.delay.ms";
 /// Header: deliver the record at this time (ms since the epoch).
 pub const DELIVER_AT_HEADER: &str = "tidelog.deliver.at.ms";
 
+/// Header of a delivered record: the timestamp it was produced with (decimal ms).
+pub const ORIGINAL_TIMESTAMP_HEADER: &str = "tidelog.delay.original.timestamp";
+/// Header of a delivered record: its scheduled record id.
+pub const TIMER_ID_HEADER: &str = "tidelog.delay.id";
+
 /// Whether `key` is one of the scheduling headers.
 pub fn is_delay_header(key: &str) -> bool {
     key == DELAY_HEADER || key == DELIVER_AT_HEADER

@@ -261,7 +261,7 @@ impl BrokerRuntime {
                 self.secret.clone(),
             ))),
         };
-        BrokerAdminService::new(backend, self.node.clone())
+        BrokerAdminService::new(backend, self.node.clone()).with_timers(self.timers.clone())
     }
 
     /// Serves Kafka clients on `listener` (tasks owned by `tasks`, stopped by `cancel`);

@@ -43,10 +43,7 @@ use crate::record::{decode_data_records, BatchBuilder, Compression, RecordRef};
 use crate::replication::replica::LocalPartition;
 use crate::types::{BrokerId, LeaderEpoch, Offset};
 
-/// Header of a delivered record: the timestamp it was produced with (decimal ms).
-pub const ORIGINAL_TIMESTAMP_HEADER: &str = "tidelog.delay.original.timestamp";
-/// Header of a delivered record: its scheduled record id.
-pub const TIMER_ID_HEADER: &str = "tidelog.delay.id";
+pub use crate::record::delay::{ORIGINAL_TIMESTAMP_HEADER, TIMER_ID_HEADER};
 
 /// Largest batch the timers append to `__timers` (more records go in more batches).
 const APPEND_BATCH_BYTES: usize = 1 << 20;
