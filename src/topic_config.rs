@@ -54,6 +54,17 @@ pub struct TopicConfig {
     pub max_reconsume_times: u32,
 }
 
+/// The retry topic of consumer group G is this prefix and G (`client::retry`).
+pub const RETRY_TOPIC_PREFIX: &str = "_retry.";
+/// The dead-letter topic of consumer group G is this prefix and G.
+pub const DLQ_TOPIC_PREFIX: &str = "_dlq.";
+
+/// Whether `name` is a consumer group's retry or dead-letter topic: pattern
+/// subscriptions leave them out (a group reads its own retry topic by name).
+pub fn is_group_retry_topic(name: &str) -> bool {
+    name.starts_with(RETRY_TOPIC_PREFIX) || name.starts_with(DLQ_TOPIC_PREFIX)
+}
+
 /// RocketMQ's retry levels, from 1 s to 2 h (`reconsume.backoff.ms` by default).
 pub const RECONSUME_BACKOFF_DEFAULT_MS: [u64; 18] = [
     1_000, 5_000, 10_000, 30_000, 60_000, 120_000, 180_000, 240_000, 300_000, 360_000, 420_000,

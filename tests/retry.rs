@@ -141,6 +141,32 @@ async fn a_record_nacked_three_times_comes_back_after_each_backoff() {
         .any(|o| o["topic"] == "_retry.billing"));
     assert_eq!(d["retry"]["dead_letters"], 0, "{d}");
     assert_eq!(d["retry"]["retry_scheduled"], 0, "{d}");
+
+    // A pattern subscription does not pick up other groups' retry topics.
+    let mut everything = GroupConsumer::new(
+        vec![bootstrap.clone()],
+        GroupConfig {
+            group: "all".into(),
+            topic_regex: Some(".*".into()),
+            ..Default::default()
+        },
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let held = loop {
+        let _ = everything.poll(Duration::from_millis(100)).await;
+        let held = everything.assignment();
+        if held.iter().any(|(t, _)| t == "orders") {
+            break held;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the pattern member never got orders"
+        );
+    };
+    assert!(
+        held.iter().all(|(t, _)| !t.starts_with("_retry.")),
+        "{held:?}"
+    );
 }
 
 /// The test, from the shell: a record nacked every time goes to the group's

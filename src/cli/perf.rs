@@ -78,6 +78,19 @@ enum PerfCommand {
         /// every tag; larger: batches of one tag, as when producers tag by source).
         #[arg(long, default_value_t = 1)]
         tag_run: u64,
+        /// Schedule every record (delayed records, acks=all) with a delay of up to this
+        /// many ms, spread evenly from --delay-ms-min; each carries its due time in the
+        /// `perf.due.ms` header.
+        #[arg(long, value_name = "MS")]
+        delay_ms_max: Option<u64>,
+        /// The shortest delay with --delay-ms-max.
+        #[arg(
+            long,
+            value_name = "MS",
+            default_value_t = 0,
+            requires = "delay_ms_max"
+        )]
+        delay_ms_min: u64,
     },
     /// Consume records from the beginning and measure throughput; stops after
     /// --num-records, or when every partition read is at its end.
@@ -128,6 +141,8 @@ pub fn run(args: &PerfArgs) -> Result<(), CliError> {
             compression,
             tags,
             tag_run,
+            delay_ms_max,
+            delay_ms_min,
         } => {
             let compression = Compression::from_name(compression).ok_or_else(|| {
                 CliError::new(
@@ -145,6 +160,17 @@ pub fn run(args: &PerfArgs) -> Result<(), CliError> {
                 compression,
                 ..Default::default()
             };
+            if let Some(max) = delay_ms_max {
+                return block_on(produce_scheduled(
+                    bootstrap,
+                    config,
+                    topic,
+                    *num_records,
+                    *record_size,
+                    (*delay_ms_min, *max),
+                    output,
+                ))?;
+            }
             block_on(produce(
                 bootstrap,
                 config,
@@ -332,6 +358,18 @@ async fn produce(
     }
     let secs = start.elapsed().as_secs_f64();
     let cpu = cpu_seconds() - cpu_start;
+    progress.finish();
+    report_produce(tally, secs, cpu, record_size, output)
+}
+
+/// Prints a produce run's summary; fails when records failed.
+fn report_produce(
+    tally: ProduceTally,
+    secs: f64,
+    cpu: f64,
+    record_size: usize,
+    output: OutputFormat,
+) -> Result<(), CliError> {
     let ProduceTally {
         acked,
         failures,
@@ -359,7 +397,6 @@ async fn produce(
         "cpu_seconds": cpu,
         "cpu_seconds_per_gb": cpu_per_gb(cpu, bytes),
     });
-    progress.finish();
     match output {
         OutputFormat::Json => println!("{summary}"),
         OutputFormat::Table => println!(
@@ -381,6 +418,116 @@ async fn produce(
         )),
         None => Ok(()),
     }
+}
+
+/// Records per `schedule_batch` call of `perf produce --delay-ms-max`.
+const SCHEDULE_CHUNK: u64 = 500;
+/// `schedule_batch` calls in flight at once.
+const SCHEDULE_IN_FLIGHT: usize = 8;
+/// Header of each scheduled perf record: its due time (ms since the epoch), so a consumer
+/// can measure delivery lateness.
+pub const PERF_DUE_HEADER: &str = "perf.due.ms";
+
+/// `perf produce --delay-ms-max`: schedules every record (acks=all) with a delay from
+/// `delays.0` to `delays.1` ms, spread evenly by a hash of its index, in
+/// [`SCHEDULE_CHUNK`]-record batches; latency is each batch's.
+async fn produce_scheduled(
+    bootstrap: Vec<String>,
+    config: ProducerConfig,
+    topic: &str,
+    num_records: u64,
+    record_size: usize,
+    delays: (u64, u64),
+    output: OutputFormat,
+) -> Result<(), CliError> {
+    use crate::client::producer::Due;
+    use futures_util::StreamExt;
+    let producer = Producer::new(bootstrap, config);
+    producer.partitions_for(topic).await?;
+    let value = Bytes::from(
+        (0..record_size)
+            .map(|i| b'a' + (i % 26) as u8)
+            .collect::<Vec<u8>>(),
+    );
+    let (min, max) = (delays.0.min(delays.1), delays.0.max(delays.1));
+    let mut tally = ProduceTally {
+        acked: 0,
+        failures: 0,
+        first_error: None,
+        stride: 1,
+        latencies_us: Vec::new(),
+    };
+    let mut in_flight = futures_util::stream::FuturesUnordered::new();
+    let cpu_start = cpu_seconds();
+    let start = Instant::now();
+    let mut progress = Progress::new();
+    let mut settle = |tally: &mut ProduceTally, (n, sent, r): (u64, Instant, Result<_, _>)| {
+        match r {
+            Ok(_) => {
+                tally.acked += n;
+                let us = u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX);
+                tally
+                    .latencies_us
+                    .extend(std::iter::repeat_n(us, n as usize));
+            }
+            Err(e) => {
+                tally.failures += n;
+                let e: crate::client::ClientError = e;
+                tally.first_error.get_or_insert_with(|| e.to_string());
+            }
+        }
+        progress.update(|| {
+            format!(
+                "{} records scheduled",
+                fraction(tally.acked + tally.failures, num_records)
+            )
+        });
+    };
+    let mut next = 0u64;
+    while next < num_records {
+        let n = SCHEDULE_CHUNK.min(num_records - next);
+        let now = now_ms();
+        let records: Vec<(ProducerRecord, Due)> = (next..next + n)
+            .map(|i| {
+                let spread = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 11;
+                let due = now + (min + spread % (max - min + 1)) as i64;
+                let record = ProducerRecord {
+                    topic: topic.to_owned(),
+                    value: Some(value.clone()),
+                    headers: vec![(
+                        PERF_DUE_HEADER.to_owned(),
+                        Some(Bytes::from(due.to_string())),
+                    )],
+                    ..Default::default()
+                };
+                (record, Due::AtMs(due))
+            })
+            .collect();
+        next += n;
+        let producer = &producer;
+        in_flight.push(async move {
+            let sent = Instant::now();
+            (n, sent, producer.schedule_batch(records).await)
+        });
+        if in_flight.len() >= SCHEDULE_IN_FLIGHT {
+            if let Some(done) = in_flight.next().await {
+                settle(&mut tally, done);
+            }
+        }
+    }
+    while let Some(done) = in_flight.next().await {
+        settle(&mut tally, done);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let cpu = cpu_seconds() - cpu_start;
+    progress.finish();
+    report_produce(tally, secs, cpu, record_size, output)
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// Where `perf consume` reads from.

@@ -27,10 +27,7 @@ use crate::error_code::ErrorCode;
 use crate::record::delay::{ORIGINAL_TIMESTAMP_HEADER, TIMER_ID_HEADER};
 use crate::topic_config::TopicConfig;
 
-/// The retry topic of group G is this prefix and G.
-pub const RETRY_TOPIC_PREFIX: &str = "_retry.";
-/// The dead-letter topic of group G is this prefix and G.
-pub const DLQ_TOPIC_PREFIX: &str = "_dlq.";
+pub use crate::topic_config::{DLQ_TOPIC_PREFIX, RETRY_TOPIC_PREFIX};
 /// Header: the topic the record was first read from.
 pub const ORIGIN_TOPIC_HEADER: &str = "tidelog.retry.origin.topic";
 /// Header: its partition there.

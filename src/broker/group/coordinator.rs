@@ -420,7 +420,8 @@ impl GroupCoordinator {
                 .filter(|t| !crate::controller::validation::is_reserved_topic(&t.name))
                 .filter(|t| {
                     state.members.values().any(|m| m.topics.contains(&t.name))
-                        || patterns.iter().any(|p| p.is_match(&t.name))
+                        || (!crate::topic_config::is_group_retry_topic(&t.name)
+                            && patterns.iter().any(|p| p.is_match(&t.name)))
                 })
                 .collect();
             let mut racks = ReplicaRacks::new();
