@@ -142,11 +142,21 @@ pub struct ConsumeArgs {
     nack_every: Option<u64>,
     /// With --group: set the group's redeliveries before its dead-letter topic
     /// (`max.reconsume.times` of its retry topic; default 16).
-    #[arg(long, value_name = "N", requires = "group")]
+    #[arg(
+        long,
+        value_name = "N",
+        requires = "group",
+        conflicts_with = "broadcast"
+    )]
     max_reconsume_times: Option<u32>,
     /// With --group: set one fixed backoff before every redelivery of the group, instead
     /// of the levels 1s 5s 10s 30s 1m ... 2h (`reconsume.backoff.ms` of its retry topic).
-    #[arg(long, value_name = "MS", requires = "group")]
+    #[arg(
+        long,
+        value_name = "MS",
+        requires = "group",
+        conflicts_with = "broadcast"
+    )]
     retry_backoff_ms: Option<u64>,
     #[command(flatten)]
     client: ClientArgs,
@@ -256,6 +266,8 @@ async fn retry_policy(
     if let Some(ms) = args.retry_backoff_ms {
         policy.backoff_ms = vec![ms];
     }
+    // Refused before the member joins.
+    policy.to_config()?;
     Ok(Some(policy))
 }
 

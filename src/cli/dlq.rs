@@ -71,7 +71,7 @@ pub async fn run(
     let admin = GroupsAdmin::new(bootstrap.clone(), timeout);
     match command {
         DlqCommand::List { group } => {
-            let letters = read_dead_letters(&bootstrap, timeout, group, None).await?;
+            let letters = read_dead_letters(&bootstrap, timeout, group, Start::Earliest).await?;
             let cursor = replay_cursor(&admin, group).await?;
             if output == OutputFormat::Table {
                 println!("PARTITION\tOFFSET\tTIME\tORIGIN\tRECONSUMED\tREPLAYED\tREASON");
@@ -101,8 +101,11 @@ pub async fn run(
             offset,
             partition,
         } => {
-            let at = offset.map(|o| (*partition, o));
-            let letters = read_dead_letters(&bootstrap, timeout, group, at).await?;
+            let from = match offset {
+                Some(o) => Start::One(*partition, *o),
+                None => Start::Earliest,
+            };
+            let letters = read_dead_letters(&bootstrap, timeout, group, from).await?;
             let cursor = replay_cursor(&admin, group).await?;
             for r in &letters {
                 let replayed = cursor.get(&r.partition).is_some_and(|c| r.offset < *c);
@@ -125,30 +128,38 @@ pub async fn run(
             offset,
             partition,
         } => {
-            let at = offset.map(|o| (*partition, o));
-            let mut letters = read_dead_letters(&bootstrap, timeout, group, at).await?;
             let cursor = replay_cursor(&admin, group).await?;
-            if at.is_none() {
-                letters.retain(|r| cursor.get(&r.partition).is_none_or(|c| r.offset >= *c));
-            }
+            let from = match offset {
+                Some(o) => Start::One(*partition, *o),
+                None => Start::Cursor(&cursor),
+            };
+            let letters = read_dead_letters(&bootstrap, timeout, group, from).await?;
             let producer = Producer::new(bootstrap.clone(), ProducerConfig::default());
             let mut progress = Progress::new();
             let total = letters.len() as u64;
+            // Per partition: the cursor after what was replayed. One --offset moves it
+            // only when it is the next letter the cursor was at (the ones before it are
+            // still to be replayed).
             let mut next: BTreeMap<u32, i64> = BTreeMap::new();
+            let mut sent = Ok(());
             for (i, r) in letters.iter().enumerate() {
-                let mut copy = replay_copy(r);
-                copy.partition = Some(RetryInfo::of(r).origin.1);
-                producer.send_sync(copy).await?;
-                next.insert(r.partition, r.offset + 1);
+                if let Err(e) = producer.send_sync(replay_copy(r)).await {
+                    sent = Err(e);
+                    break;
+                }
+                if offset.is_none() || cursor.get(&r.partition).copied().unwrap_or(0) == r.offset {
+                    next.insert(r.partition, r.offset + 1);
+                }
                 progress.update(|| format!("replayed {}", fraction(i as u64 + 1, total)));
             }
             progress.finish();
-            // Replay of one --offset moves the cursor only forward.
+            // What was sent is recorded even when a send failed, so a rerun does not
+            // send it twice.
+            let topic = dlq_topic(group)?;
             let offsets: Vec<CommittedOffset> = next
                 .into_iter()
-                .filter(|(p, o)| cursor.get(p).is_none_or(|c| o > c))
                 .map(|(partition, offset)| CommittedOffset {
-                    topic: dlq_topic(group).unwrap_or_default(),
+                    topic: topic.clone(),
                     partition,
                     offset,
                     metadata: String::new(),
@@ -157,6 +168,7 @@ pub async fn run(
             if !offsets.is_empty() {
                 admin.reset(&replay_cursor_group(group), offsets).await?;
             }
+            sent?;
             match output {
                 OutputFormat::Json => println!("{}", json!({"group": group, "replayed": total})),
                 OutputFormat::Table => println!(
@@ -291,31 +303,52 @@ async fn replay_cursor(admin: &GroupsAdmin, group: &str) -> Result<BTreeMap<u32,
         .collect())
 }
 
-/// Every dead letter of `group` up to the end of its topic, or only the one at `at`
-/// (partition, offset). None yet: an empty list.
+/// Where [`read_dead_letters`] starts.
+enum Start<'a> {
+    /// Each partition's log start.
+    Earliest,
+    /// Each partition's replay cursor (its log start where it has none).
+    Cursor(&'a BTreeMap<u32, i64>),
+    /// Only the dead letter at this partition and offset.
+    One(u32, i64),
+}
+
+/// The dead letters of `group` from `from` up to the end of its topic (none yet: an
+/// empty list).
 async fn read_dead_letters(
     bootstrap: &[String],
     timeout: Duration,
     group: &str,
-    at: Option<(u32, i64)>,
+    from: Start<'_>,
 ) -> Result<Vec<ConsumerRecord>, CliError> {
     let topic = dlq_topic(group)?;
+    let one = match from {
+        Start::One(p, o) => Some((p, o)),
+        _ => None,
+    };
     let mut consumer = Consumer::new(bootstrap.to_vec(), timeout);
     let partitions = match consumer.partition_count(&topic).await {
         Ok(n) => n,
-        Err(e) if e.code == ErrorCode::UnknownTopicOrPartition && at.is_none() => {
+        Err(e) if e.code == ErrorCode::UnknownTopicOrPartition && one.is_none() => {
             return Ok(vec![])
         }
         Err(e) => return Err(e.into()),
     };
+    if let Some((p, _)) = one.filter(|(p, _)| *p >= partitions) {
+        return Err(ClientError::new(
+            ErrorCode::UnknownTopicOrPartition,
+            format!("{topic} has {partitions} partitions; there is no partition {p}"),
+        )
+        .into());
+    }
     let mut ends = BTreeMap::new();
     for p in 0..partitions {
-        if at.is_some_and(|(ap, _)| ap != p) {
+        if one.is_some_and(|(op, _)| op != p) {
             continue;
         }
         let end = consumer.list_offset(&topic, p, -1).await?;
-        let start = match at {
-            Some((_, o)) => {
+        let start = match from {
+            Start::One(_, o) => {
                 if o >= end || o < 0 {
                     return Err(ClientError::new(
                         ErrorCode::OffsetOutOfRange,
@@ -326,7 +359,16 @@ async fn read_dead_letters(
                 ends.insert(p, o + 1);
                 StartAt::Offset(o)
             }
-            None => {
+            Start::Cursor(cursor) => {
+                ends.insert(p, end);
+                let start = consumer.list_offset(&topic, p, -2).await?;
+                match cursor.get(&p) {
+                    Some(&c) if c >= end => continue,
+                    Some(&c) if c > start => StartAt::Offset(c),
+                    _ => StartAt::Earliest,
+                }
+            }
+            Start::Earliest => {
                 ends.insert(p, end);
                 StartAt::Earliest
             }
@@ -336,17 +378,13 @@ async fn read_dead_letters(
     let mut out = Vec::new();
     let mut last_progress = Instant::now();
     loop {
-        let unfinished: Vec<u32> = ends
-            .iter()
-            .filter(|(p, end)| {
-                consumer
-                    .positions()
-                    .get(&(topic.clone(), **p))
-                    .is_some_and(|pos| pos < end)
-            })
-            .map(|(p, _)| *p)
-            .collect();
-        if unfinished.is_empty() {
+        let unfinished = ends.iter().any(|(p, end)| {
+            consumer
+                .positions()
+                .get(&(topic.clone(), *p))
+                .is_some_and(|pos| pos < end)
+        });
+        if !unfinished {
             break;
         }
         if last_progress.elapsed() > timeout {
@@ -369,7 +407,7 @@ async fn read_dead_letters(
                 .filter(|r| ends.get(&r.partition).is_some_and(|end| r.offset < *end)),
         );
     }
-    if let Some((p, o)) = at {
+    if let Some((p, o)) = one {
         out.retain(|r| r.partition == p && r.offset == o);
         if out.is_empty() {
             return Err(ClientError::new(

@@ -80,16 +80,13 @@ enum PerfCommand {
         tag_run: u64,
         /// Schedule every record (delayed records, acks=all) with a delay of up to this
         /// many ms, spread evenly from --delay-ms-min; each carries its due time in the
-        /// `perf.due.ms` header.
-        #[arg(long, value_name = "MS")]
+        /// `perf.due.ms` header. Always acks=all, no compression; --throughput is not
+        /// applied.
+        #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(0..=DELAY_MS_MAX))]
         delay_ms_max: Option<u64>,
         /// The shortest delay with --delay-ms-max.
-        #[arg(
-            long,
-            value_name = "MS",
-            default_value_t = 0,
-            requires = "delay_ms_max"
-        )]
+        #[arg(long, value_name = "MS", default_value_t = 0, requires = "delay_ms_max",
+              value_parser = clap::value_parser!(u64).range(0..=DELAY_MS_MAX))]
         delay_ms_min: u64,
     },
     /// Consume records from the beginning and measure throughput; stops after
@@ -419,6 +416,9 @@ fn report_produce(
         None => Ok(()),
     }
 }
+
+/// Longest delay `perf produce` asks for (the brokers' default `max_delay_ms`, 40 days).
+const DELAY_MS_MAX: u64 = 40 * 24 * 3600 * 1000;
 
 /// Records per `schedule_batch` call of `perf produce --delay-ms-max`.
 const SCHEDULE_CHUNK: u64 = 500;

@@ -163,20 +163,26 @@ impl AdminClient {
                 ask.insert(b.id, all.clone());
             }
         }
-        for (id, names) in ask {
-            let Some(b) = cluster
+        // All at once, each bounded: a broker that does not answer quickly is left out.
+        let answers = futures_util::future::join_all(ask.into_iter().filter_map(|(id, names)| {
+            let address = cluster
                 .brokers
                 .iter()
                 .filter_map(|b| b.broker.as_ref())
-                .find(|b| b.id == id && b.state == "unfenced")
-            else {
-                continue;
-            };
-            // Best effort: a broker that does not answer quickly is left out.
-            let direct = AdminClient::new(vec![b.address.clone()], OFFSETS_FAN_OUT_TIMEOUT);
-            let Ok(Ok(answer)) =
-                tokio::time::timeout(OFFSETS_FAN_OUT_TIMEOUT, direct.describe_topics(names)).await
-            else {
+                .find(|b| b.id == id && b.state == "unfenced")?
+                .address
+                .clone();
+            Some(async move {
+                let direct = AdminClient::new(vec![address], OFFSETS_FAN_OUT_TIMEOUT);
+                let answer =
+                    tokio::time::timeout(OFFSETS_FAN_OUT_TIMEOUT, direct.describe_topics(names))
+                        .await;
+                (id, answer)
+            })
+        }))
+        .await;
+        for (id, answer) in answers {
+            let Ok(Ok(answer)) = answer else {
                 continue;
             };
             for theirs in answer.topics {

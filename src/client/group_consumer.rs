@@ -554,7 +554,12 @@ impl GroupConsumer {
     /// Reads the next records of the assigned partitions, waiting up to `max_wait`.
     pub async fn poll(&mut self, max_wait: Duration) -> Result<Vec<ConsumerRecord>, ClientError> {
         if let (Some(policy), Some(retrier)) = (&self.policy_to_set, &self.shared.retrier) {
-            retrier.set_policy(policy).await?;
+            // A retry topic made here gets as many partitions as the first topic.
+            let partitions = match self.shared.config.topics.first() {
+                Some(t) => self.consumer.partition_count(t).await.ok(),
+                None => None,
+            };
+            retrier.set_policy(policy, partitions).await?;
             self.policy_to_set = None;
         }
         self.reconcile().await?;

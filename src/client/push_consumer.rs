@@ -46,8 +46,9 @@ pub enum ConsumeResult {
     /// Not now: deliver it again later.
     Later,
     /// Not done and not to be retried here: the record stays uncommitted (the
-    /// partition's next owner, or this member's next session, gets it again). For a
-    /// listener that is shutting down.
+    /// partition's next owner, or this member's next session, gets it again). Only for
+    /// a listener that is shutting down: the partition's commits stop at the record, so
+    /// it stalls until the consumer shuts down or the partition moves.
     Abandon,
 }
 
@@ -589,6 +590,14 @@ async fn drain_in_order(shared: Arc<Shared>, tp: TopicPartition, holding: u64) {
                     break;
                 }
                 ConsumeResult::Abandon => {
+                    if let Some(p) = shared
+                        .progress
+                        .lock()
+                        .get_mut(&tp)
+                        .filter(|p| p.holding == holding)
+                    {
+                        p.draining = false;
+                    }
                     shared.abandon(&tp, holding);
                     return;
                 }

@@ -111,10 +111,16 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// The policy a retry topic's config sets (defaults for what it does not).
+    /// The policy a retry topic's config sets (defaults for what it does not; other
+    /// keys are not looked at).
     pub fn from_config(config: &BTreeMap<String, String>) -> Result<Self, ClientError> {
-        let c = TopicConfig::from_pairs(config.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .map_err(|e| ClientError::new(ErrorCode::InvalidConfig, e.to_string()))?;
+        let c = TopicConfig::from_pairs(
+            config
+                .iter()
+                .filter(|(k, _)| *k == "reconsume.backoff.ms" || *k == "max.reconsume.times")
+                .map(|(k, v)| (k.as_str(), v.as_str())),
+        )
+        .map_err(|e| ClientError::new(ErrorCode::InvalidConfig, e.to_string()))?;
         Ok(Self {
             backoff_ms: c.reconsume_backoff_ms,
             max_reconsume_times: c.max_reconsume_times,
@@ -190,8 +196,19 @@ fn header<'a>(headers: &'a [(String, Option<Bytes>)], key: &str) -> Option<&'a s
 }
 
 impl RetryInfo {
+    /// A record read for the first time: its own position, no redeliveries.
+    pub fn fresh(record: &ConsumerRecord) -> Self {
+        Self {
+            origin: (record.topic.clone(), record.partition, record.offset),
+            reconsume_times: 0,
+            history: Vec::new(),
+            dead_letter_reason: None,
+        }
+    }
+
     /// The retry headers of `record`, or its own position when it has none (a header that
-    /// does not parse counts as absent).
+    /// does not parse counts as absent). Trust them only on records of a group's retry
+    /// or dead-letter topic: any producer can set headers.
     pub fn of(record: &ConsumerRecord) -> Self {
         let h = &record.headers;
         let origin = match (
@@ -231,18 +248,24 @@ fn original_timestamp(record: &ConsumerRecord) -> i64 {
         .unwrap_or(record.timestamp_ms)
 }
 
-/// A copy of `record` for `topic` with its retry headers for `reconsume_times`
-/// redeliveries, a nack at `now_ms` added to its history, and `extra` headers (pure).
+/// Nack times a record's history header keeps (the most recent).
+pub const HISTORY_MAX: usize = 64;
+
+/// A copy of `record` (whose retry state is `info`) for `topic` with its retry headers
+/// for `reconsume_times` redeliveries, a nack at `now_ms` added to its history (the last
+/// [`HISTORY_MAX`] kept), and `extra` headers (pure). It keeps the record's first
+/// timestamp, for a timer delivery, which moves it to a header.
 pub fn retry_copy(
     record: &ConsumerRecord,
+    info: &RetryInfo,
     topic: &str,
     reconsume_times: u32,
     now_ms: i64,
     extra: &[(&str, String)],
 ) -> ProducerRecord {
-    let info = RetryInfo::of(record);
-    let mut history = info.history;
+    let mut history = info.history.clone();
     history.push(now_ms);
+    let history = &history[history.len().saturating_sub(HISTORY_MAX)..];
     let mut headers: Vec<(String, Option<Bytes>)> = record
         .headers
         .iter()
@@ -254,7 +277,7 @@ pub fn retry_copy(
         .map(i64::to_string)
         .collect::<Vec<_>>()
         .join(",");
-    let (origin_topic, origin_partition, origin_offset) = info.origin;
+    let (origin_topic, origin_partition, origin_offset) = info.origin.clone();
     for (k, v) in [
         (ORIGIN_TOPIC_HEADER, origin_topic),
         (ORIGIN_PARTITION_HEADER, origin_partition.to_string()),
@@ -278,8 +301,41 @@ pub fn retry_copy(
     }
 }
 
-/// A dead letter sent back to its first topic (`from`: the dead letter's position), with
-/// the retry and dead-letter headers dropped, so it starts over (pure).
+/// `copy` appended now rather than delivered by a timer: stamped now, with its first
+/// timestamp in the `tidelog.delay.original.timestamp` header (so time-based retention
+/// counts from now).
+fn stamped_now(mut copy: ProducerRecord) -> ProducerRecord {
+    if let Some(original) = copy.timestamp_ms.take() {
+        copy.headers.push((
+            ORIGINAL_TIMESTAMP_HEADER.to_owned(),
+            Some(Bytes::from(original.to_string())),
+        ));
+    }
+    copy
+}
+
+/// A dead letter for the group's dead-letter topic `topic` (pure): [`retry_copy`] with
+/// the reason, stamped now.
+pub fn dead_letter_copy(
+    record: &ConsumerRecord,
+    info: &RetryInfo,
+    topic: &str,
+    now_ms: i64,
+    reason: String,
+) -> ProducerRecord {
+    stamped_now(retry_copy(
+        record,
+        info,
+        topic,
+        info.reconsume_times,
+        now_ms,
+        &[(DLQ_REASON_HEADER, reason)],
+    ))
+}
+
+/// A dead letter sent back to the topic and partition it was first read from, with the
+/// retry and dead-letter headers dropped, so it starts over, and the dead letter's
+/// position in `tidelog.dlq.replayed.from`; stamped now (pure).
 pub fn replay_copy(record: &ConsumerRecord) -> ProducerRecord {
     let info = RetryInfo::of(record);
     let mut headers: Vec<(String, Option<Bytes>)> = record
@@ -295,15 +351,15 @@ pub fn replay_copy(record: &ConsumerRecord) -> ProducerRecord {
             record.topic, record.partition, record.offset
         ))),
     ));
-    ProducerRecord {
+    stamped_now(ProducerRecord {
         topic: info.origin.0,
-        partition: None,
+        partition: Some(info.origin.1),
         key: record.key.clone(),
         value: record.value.clone(),
         headers,
         tag: record.tag.clone(),
         timestamp_ms: Some(original_timestamp(record)),
-    }
+    })
 }
 
 fn now_ms() -> i64 {
@@ -379,13 +435,18 @@ impl Retrier {
             .await
     }
 
-    /// Makes `policy` the group's (on its retry topic, created when missing).
-    pub async fn set_policy(&self, policy: &RetryPolicy) -> Result<(), ClientError> {
+    /// Makes `policy` the group's (on its retry topic, created when missing with
+    /// `partitions`, None: the cluster default).
+    pub async fn set_policy(
+        &self,
+        policy: &RetryPolicy,
+        partitions: Option<u32>,
+    ) -> Result<(), ClientError> {
         let topic = retry_topic(&self.group)?;
         let config = policy.to_config()?;
         let created = self
             .admin
-            .create_topic(&topic, None, None, config.clone())
+            .create_topic(&topic, partitions, None, config.clone())
             .await;
         match created {
             Ok(_) => {}
@@ -452,51 +513,57 @@ impl Retrier {
         reason: &str,
     ) -> Result<NackOutcome, ClientError> {
         let policy = self.policy().await?;
-        let info = RetryInfo::of(record);
+        let retry = retry_topic(&self.group)?;
+        // Only the group's own retry topic carries retry state this group set.
+        let info = if record.topic == retry {
+            RetryInfo::of(record)
+        } else {
+            RetryInfo::fresh(record)
+        };
         let now = now_ms();
         let producer = self.producer().await;
-        match next_step(info.reconsume_times, &policy) {
+        let why = match next_step(info.reconsume_times, &policy) {
             NackStep::Retry {
                 reconsume_times,
                 delay_ms,
             } => {
-                let topic = retry_topic(&self.group)?;
                 // As many partitions as the record's topic: retries spread like the
                 // originals.
                 let partitions = producer.partitions_for(&record.topic).await.ok();
-                self.ensure_topic(&topic, partitions).await?;
-                let copy = retry_copy(record, &topic, reconsume_times, now, &[]);
-                let scheduled = producer
-                    .schedule(copy, Due::DelayMs(delay_ms as i64))
-                    .await?;
-                Ok(NackOutcome::Retried {
-                    reconsume_times,
-                    delay: Duration::from_millis(delay_ms),
-                    id: scheduled.id,
-                })
+                self.ensure_topic(&retry, partitions).await?;
+                let copy = retry_copy(record, &info, &retry, reconsume_times, now, &[]);
+                match producer.schedule(copy, Due::DelayMs(delay_ms as i64)).await {
+                    Ok(scheduled) => {
+                        return Ok(NackOutcome::Retried {
+                            reconsume_times,
+                            delay: Duration::from_millis(delay_ms),
+                            id: scheduled.id,
+                        })
+                    }
+                    // A backoff the brokers refuse (beyond their max_delay_ms): a dead
+                    // letter that says so, rather than a record retried forever here.
+                    Err(e) if e.code == ErrorCode::InvalidDelay => format!(
+                        "{reason}; its retry after {delay_ms} ms was refused: {}",
+                        e.message
+                    ),
+                    Err(e) => return Err(e),
+                }
             }
-            NackStep::DeadLetter => {
-                let topic = dlq_topic(&self.group)?;
-                self.ensure_topic(&topic, Some(1)).await?;
-                let why = format!(
-                    "{reason} (redelivered {} times; max.reconsume.times is {})",
-                    info.reconsume_times, policy.max_reconsume_times
-                );
-                let copy = retry_copy(
-                    record,
-                    &topic,
-                    info.reconsume_times,
-                    now,
-                    &[(DLQ_REASON_HEADER, why)],
-                );
-                let at = producer.send_sync(copy).await?;
-                Ok(NackOutcome::DeadLettered {
-                    topic,
-                    partition: at.partition,
-                    offset: at.offset,
-                })
-            }
-        }
+            NackStep::DeadLetter => format!(
+                "{reason} (redelivered {} times; max.reconsume.times is {})",
+                info.reconsume_times, policy.max_reconsume_times
+            ),
+        };
+        let topic = dlq_topic(&self.group)?;
+        self.ensure_topic(&topic, Some(1)).await?;
+        let at = producer
+            .send_sync(dead_letter_copy(record, &info, &topic, now, why))
+            .await?;
+        Ok(NackOutcome::DeadLettered {
+            topic,
+            partition: at.partition,
+            offset: at.offset,
+        })
     }
 }
 
@@ -556,7 +623,7 @@ mod tests {
     #[test]
     fn copies_keep_the_record_and_carry_origin_and_history() {
         let first = record(vec![("app", "1")]);
-        let copy = retry_copy(&first, "_retry.g", 1, 5_000, &[]);
+        let copy = retry_copy(&first, &RetryInfo::fresh(&first), "_retry.g", 1, 5_000, &[]);
         assert_eq!(copy.topic, "_retry.g");
         assert_eq!(copy.key, first.key);
         assert_eq!(copy.value, first.value);
@@ -577,9 +644,13 @@ mod tests {
         assert_eq!(info.origin, ("orders".into(), 2, 40));
         assert_eq!(info.reconsume_times, 1);
         assert_eq!(info.history, vec![5_000]);
-        let second = retry_copy(&again, "_retry.g", 2, 9_000, &[]);
+        let second = retry_copy(&again, &RetryInfo::of(&again), "_retry.g", 2, 9_000, &[]);
         assert_eq!(second.timestamp_ms, Some(1_000));
         again.headers = second.headers;
+        again.headers.push((
+            ORIGINAL_TIMESTAMP_HEADER.into(),
+            Some(Bytes::from_static(b"1000")),
+        ));
         let info = RetryInfo::of(&again);
         assert_eq!(info.origin, ("orders".into(), 2, 40));
         assert_eq!(info.reconsume_times, 2);
@@ -587,10 +658,26 @@ mod tests {
         // Each header once; the application's header kept.
         let keys: Vec<&str> = again.headers.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(keys.iter().filter(|k| **k == HISTORY_HEADER).count(), 1);
+        assert_eq!(
+            keys.iter()
+                .filter(|k| **k == ORIGINAL_TIMESTAMP_HEADER)
+                .count(),
+            1
+        );
         assert!(keys.contains(&"app"));
-        // A replay goes back to the first topic without the retry headers.
+        // A dead letter is stamped now, its first timestamp in a header.
+        let dead = dead_letter_copy(&again, &RetryInfo::of(&again), "_dlq.g", 9_500, "r".into());
+        assert_eq!(dead.timestamp_ms, None);
+        assert!(dead
+            .headers
+            .iter()
+            .any(|(k, v)| k == ORIGINAL_TIMESTAMP_HEADER && v.as_deref() == Some(&b"1000"[..])));
+        assert!(dead.headers.iter().any(|(k, _)| k == DLQ_REASON_HEADER));
+        // A replay goes back to the first topic and partition without the retry headers.
         let replay = replay_copy(&again);
         assert_eq!(replay.topic, "orders");
+        assert_eq!(replay.partition, Some(2));
+        assert_eq!(replay.timestamp_ms, None);
         assert!(replay
             .headers
             .iter()
@@ -600,6 +687,20 @@ mod tests {
             .headers
             .iter()
             .any(|(k, _)| k == REPLAYED_FROM_HEADER));
+    }
+
+    #[test]
+    fn the_history_keeps_the_latest_nacks() {
+        let mut r = record(vec![]);
+        let mut info = RetryInfo::fresh(&r);
+        for n in 0..100 {
+            let copy = retry_copy(&r, &info, "_retry.g", n + 1, i64::from(n), &[]);
+            r.headers = copy.headers;
+            info = RetryInfo::of(&r);
+        }
+        assert_eq!(info.history.len(), HISTORY_MAX);
+        assert_eq!(info.history.last(), Some(&99));
+        assert_eq!(info.reconsume_times, 100);
     }
 
     #[test]
@@ -634,8 +735,9 @@ mod tests {
             for (k, v) in [ORIGIN_TOPIC_HEADER, ORIGIN_PARTITION_HEADER, ORIGIN_OFFSET_HEADER, RECONSUME_TIMES_HEADER, HISTORY_HEADER].iter().zip(values) {
                 r.headers.push((k.to_string(), Some(Bytes::from(v))));
             }
-            let _ = RetryInfo::of(&r);
-            let _ = retry_copy(&r, "_retry.g", 1, 0, &[]);
+            let info = RetryInfo::of(&r);
+            let _ = retry_copy(&r, &info, "_retry.g", 1, 0, &[]);
+            let _ = replay_copy(&r);
         }
     }
 }
