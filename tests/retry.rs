@@ -270,30 +270,25 @@ async fn a_record_always_nacked_becomes_a_dead_letter_that_replay_brings_back() 
     assert_eq!(d["retry"]["dead_letters"], 1, "{d}");
     assert_eq!(d["retry"]["dead_letters_not_replayed"], 1, "{d}");
 
-    let (ok, out, err) = cli(&[
-        "groups",
-        "dlq",
-        "replay",
-        "--group",
-        "workers",
-        "--bootstrap",
-        b,
-    ]);
-    assert!(ok, "{err}");
+    let replay = || {
+        let (ok, out, err) = cli(&[
+            "groups",
+            "dlq",
+            "replay",
+            "--group",
+            "workers",
+            "--bootstrap",
+            b,
+        ]);
+        assert!(ok, "{err}");
+        out
+    };
+    let out = replay();
     assert!(out.contains("Replayed 1 dead letter"), "{out}");
     list(true);
     assert_eq!(describe()["retry"]["dead_letters_not_replayed"], 0);
     // Replayed once only.
-    let (ok, out, err) = cli(&[
-        "groups",
-        "dlq",
-        "replay",
-        "--group",
-        "workers",
-        "--bootstrap",
-        b,
-    ]);
-    assert!(ok, "{err}");
+    let out = replay();
     assert!(out.contains("Replayed 0 dead letters"), "{out}");
 
     // A healthy member of the group reads it back, fresh: no retry headers.

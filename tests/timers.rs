@@ -360,18 +360,24 @@ async fn scheduled_records_arrive_once_on_time_and_survive_kill9() {
     drop(server);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn scheduled_records_survive_killed_timer_leaders() {
-    let mut cluster = BrokerCluster::start(3);
+/// A controller and three brokers with `topic` (6 partitions, replication factor 3).
+async fn cluster_with_topic(topic: &str) -> (BrokerCluster, Vec<String>) {
+    let cluster = BrokerCluster::start(3);
     let bootstrap = cluster.bootstrap();
     let admin = AdminClient::new(bootstrap.clone(), Duration::from_secs(30));
     eventually("3 brokers", Duration::from_secs(30), || async {
         admin
-            .create_topic("later", Some(6), Some(3), Default::default())
+            .create_topic(topic, Some(6), Some(3), Default::default())
             .await
             .ok()
     })
     .await;
+    (cluster, bootstrap)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scheduled_records_survive_killed_timer_leaders() {
+    let (mut cluster, bootstrap) = cluster_with_topic("later").await;
     let producer = producer(&bootstrap);
     let scheduled = schedule_many(&producer, "later", 10_000, 1_000, 20_000).await;
     // Two brokers, each leading some `__timers` partitions, killed with -9 in turn while
@@ -400,16 +406,7 @@ async fn scheduled_records_survive_killed_timer_leaders() {
 /// time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scheduled_records_survive_a_restart_of_the_whole_cluster() {
-    let mut cluster = BrokerCluster::start(3);
-    let bootstrap = cluster.bootstrap();
-    let admin = AdminClient::new(bootstrap.clone(), Duration::from_secs(30));
-    eventually("3 brokers", Duration::from_secs(30), || async {
-        admin
-            .create_topic("restart", Some(6), Some(3), Default::default())
-            .await
-            .ok()
-    })
-    .await;
+    let (mut cluster, bootstrap) = cluster_with_topic("restart").await;
     let producer = producer(&bootstrap);
     let scheduled = schedule_many(&producer, "restart", 1_000, 4_000, 20_000).await;
     drop(producer);
