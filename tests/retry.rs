@@ -429,3 +429,44 @@ async fn topics_describe_counts_pending_delayed_records() {
     assert!(ok);
     assert!(out.contains("Scheduled: 2"), "{out}");
 }
+
+/// `consume --nack-every` from the shell: the nacked record comes back through the retry
+/// topic, and the JSON line of the redelivery says where it was first read and how often
+/// it came back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consume_shows_where_a_redelivery_came_from() {
+    let (_dir, _server, bootstrap) = server_with_topic("shell", 1).await;
+    let b = bootstrap.as_str();
+    let (ok, _, err) = cli_stdin(&["produce", "--topic", "shell", "--bootstrap", b], "a\nb\n");
+    assert!(ok, "{err}");
+    let (ok, out, err) = cli(&[
+        "consume",
+        "--topic",
+        "shell",
+        "--group",
+        "sh",
+        "--from-beginning",
+        "--nack-every",
+        "2",
+        "--retry-backoff-ms",
+        "200",
+        "--max-messages",
+        "2",
+        "--timeout-ms",
+        "15000",
+        "--bootstrap",
+        b,
+        "--output",
+        "json",
+    ]);
+    assert!(ok, "{err}");
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 2, "{out}");
+    assert_eq!(lines[0]["value"], "a");
+    assert!(lines[0].get("retry").is_none(), "{}", lines[0]);
+    assert_eq!(lines[1]["value"], "b");
+    assert_eq!(lines[1]["topic"], "_retry.sh");
+    assert_eq!(lines[1]["retry"]["reconsume_times"], 1, "{}", lines[1]);
+    assert_eq!(lines[1]["retry"]["origin"]["topic"], "shell");
+    assert_eq!(lines[1]["retry"]["origin"]["offset"], 1);
+}

@@ -19,7 +19,7 @@ use crate::client::push_consumer::{
     ConsumeResult, ListenMode, MessageListener, PushConfig, PushConsumer,
 };
 use crate::client::push_feed::PushSettings;
-use crate::client::retry::{Retrier, RetryPolicy};
+use crate::client::retry::{Retrier, RetryInfo, RetryPolicy, RETRY_TOPIC_PREFIX};
 use crate::client::ClientError;
 
 /// Where records come from: assigned partitions, or a group membership.
@@ -331,6 +331,15 @@ fn record_line(args: &LineArgs, output: OutputFormat, r: &ConsumerRecord) -> Str
             });
             if let Some(tag) = &r.tag {
                 line["tag"] = json!(tag);
+            }
+            if r.topic.starts_with(RETRY_TOPIC_PREFIX) {
+                // A redelivery: where it was first read, and how often it came back.
+                let info = RetryInfo::of(r);
+                line["retry"] = json!({
+                    "reconsume_times": info.reconsume_times,
+                    "origin": {"topic": info.origin.0, "partition": info.origin.1,
+                               "offset": info.origin.2},
+                });
             }
             line.to_string()
         }

@@ -34,31 +34,25 @@ pub enum DlqCommand {
         group: String,
     },
     /// Dead letters in full: headers, key, value, and when each nack happened.
-    Show {
-        /// The group.
-        #[arg(long)]
-        group: String,
-        /// Only the dead letter at this offset.
-        #[arg(long)]
-        offset: Option<i64>,
-        /// The dead-letter topic's partition of --offset.
-        #[arg(long, default_value_t = 0, requires = "offset")]
-        partition: u32,
-    },
+    Show(Letters),
     /// Send dead letters back to the topic and partition they were first read from,
     /// without their retry headers (so they get a fresh set of retries): every one not
-    /// replayed yet, or only the one at --offset.
-    Replay {
-        /// The group.
-        #[arg(long)]
-        group: String,
-        /// Only the dead letter at this offset (even if it was replayed before).
-        #[arg(long)]
-        offset: Option<i64>,
-        /// The dead-letter topic's partition of --offset.
-        #[arg(long, default_value_t = 0, requires = "offset")]
-        partition: u32,
-    },
+    /// replayed yet, or only the one at --offset (even if it was replayed before).
+    Replay(Letters),
+}
+
+/// The dead letters a `show` or `replay` is about.
+#[derive(Debug, clap::Args)]
+pub struct Letters {
+    /// The group.
+    #[arg(long)]
+    group: String,
+    /// Only the dead letter at this offset.
+    #[arg(long)]
+    offset: Option<i64>,
+    /// The dead-letter topic's partition of --offset.
+    #[arg(long, default_value_t = 0, requires = "offset")]
+    partition: u32,
 }
 
 /// Runs `groups dlq ...`.
@@ -96,11 +90,11 @@ pub async fn run(
                 }
             }
         }
-        DlqCommand::Show {
+        DlqCommand::Show(Letters {
             group,
             offset,
             partition,
-        } => {
+        }) => {
             let from = match offset {
                 Some(o) => Start::One(*partition, *o),
                 None => Start::Earliest,
@@ -123,11 +117,11 @@ pub async fn run(
                 }
             }
         }
-        DlqCommand::Replay {
+        DlqCommand::Replay(Letters {
             group,
             offset,
             partition,
-        } => {
+        }) => {
             let cursor = replay_cursor(&admin, group).await?;
             let from = match offset {
                 Some(o) => Start::One(*partition, *o),

@@ -620,6 +620,17 @@ mod tests {
         assert_eq!(next_step(0, &none), NackStep::DeadLetter);
     }
 
+    /// The headers of `copy` as a timer delivers it: its first timestamp (1000 here) in
+    /// a header.
+    fn delivered(copy: &ProducerRecord) -> Vec<(String, Option<Bytes>)> {
+        let mut headers = copy.headers.clone();
+        headers.push((
+            ORIGINAL_TIMESTAMP_HEADER.into(),
+            Some(Bytes::from_static(b"1000")),
+        ));
+        headers
+    }
+
     #[test]
     fn copies_keep_the_record_and_carry_origin_and_history() {
         let first = record(vec![("app", "1")]);
@@ -635,22 +646,14 @@ mod tests {
         again.partition = 0;
         again.offset = 7;
         again.timestamp_ms = 6_000;
-        again.headers = copy.headers.clone();
-        again.headers.push((
-            ORIGINAL_TIMESTAMP_HEADER.into(),
-            Some(Bytes::from_static(b"1000")),
-        ));
+        again.headers = delivered(&copy);
         let info = RetryInfo::of(&again);
         assert_eq!(info.origin, ("orders".into(), 2, 40));
         assert_eq!(info.reconsume_times, 1);
         assert_eq!(info.history, vec![5_000]);
         let second = retry_copy(&again, &RetryInfo::of(&again), "_retry.g", 2, 9_000, &[]);
         assert_eq!(second.timestamp_ms, Some(1_000));
-        again.headers = second.headers;
-        again.headers.push((
-            ORIGINAL_TIMESTAMP_HEADER.into(),
-            Some(Bytes::from_static(b"1000")),
-        ));
+        again.headers = delivered(&second);
         let info = RetryInfo::of(&again);
         assert_eq!(info.origin, ("orders".into(), 2, 40));
         assert_eq!(info.reconsume_times, 2);
