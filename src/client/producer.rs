@@ -1062,6 +1062,15 @@ async fn send_request(
         timeout_ms: shared.config.request_timeout.as_millis() as u32,
         topics,
     };
+    call_produce(shared, channel, request).await
+}
+
+/// One Produce call on `channel`, given up after the request timeout.
+async fn call_produce(
+    shared: &Shared,
+    channel: tonic::transport::Channel,
+    request: ProduceRequest,
+) -> Result<ProduceResponse, ClientError> {
     let mut client = BrokerClient::new(channel);
     Ok(
         tokio::time::timeout(shared.config.request_timeout, client.produce(request))

@@ -720,13 +720,7 @@ impl Timers {
             match result {
                 Ok(()) => {
                     retry_at.remove(&ix);
-                    done.push(TimerRecord {
-                        entry: Some(Entry::Done(Done {
-                            topic: intent.topic,
-                            partition: intent.partition,
-                            intent_offset: offset,
-                        })),
-                    });
+                    done.push(done_record(intent, offset));
                 }
                 Err(e)
                     if !self.target_exists(&intent.topic, intent.partition)
@@ -739,13 +733,7 @@ impl Timers {
                     // so the target is not retried).
                     retry_at.remove(&ix);
                     tracing::warn!(topic = %intent.topic, partition = intent.partition, records = intent.offsets.len(), error = %e, "target gone; dropping its scheduled records");
-                    done.push(TimerRecord {
-                        entry: Some(Entry::Done(Done {
-                            topic: intent.topic,
-                            partition: intent.partition,
-                            intent_offset: offset,
-                        })),
-                    });
+                    done.push(done_record(intent, offset));
                 }
                 Err(e)
                     if matches!(
@@ -774,13 +762,7 @@ impl Timers {
                     // than block the target forever.
                     retry_at.remove(&ix);
                     tracing::error!(topic = %intent.topic, partition = intent.partition, records = intent.offsets.len(), error = %e, "a target refuses scheduled records; dropping them");
-                    done.push(TimerRecord {
-                        entry: Some(Entry::Done(Done {
-                            topic: intent.topic,
-                            partition: intent.partition,
-                            intent_offset: offset,
-                        })),
-                    });
+                    done.push(done_record(intent, offset));
                 }
                 Err(e) => {
                     retry_at.insert(ix, now + self.settings.retry_backoff);
@@ -925,6 +907,17 @@ fn unknown_id(id: TimerId) -> BrokerError {
         ErrorCode::UnknownScheduledRecord,
         format!("no pending scheduled record has id {id}: it is unknown, or was delivered or cancelled already"),
     )
+}
+
+/// The `Done` record confirming `intent` (at `offset`).
+fn done_record(intent: Intent, offset: u64) -> TimerRecord {
+    TimerRecord {
+        entry: Some(Entry::Done(Done {
+            topic: intent.topic,
+            partition: intent.partition,
+            intent_offset: offset,
+        })),
+    }
 }
 
 fn dropped_record(topic: &str, partition: u32, batch: &[DueTimer], reason: &str) -> TimerRecord {

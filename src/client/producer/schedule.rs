@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use super::{answer, resolve_partition, Producer, ProducerRecord};
+use super::{answer, call_produce, resolve_partition, Producer, ProducerRecord};
 use crate::api::proto::broker_client::BrokerClient;
 use crate::api::proto::{
     CancelScheduledRequest, Header, PartitionProduceData, ProduceRequest, Record, TopicProduceData,
@@ -179,22 +179,7 @@ impl Producer {
             let outcome: Result<Vec<String>, ClientError> = async {
                 let leader = shared.cluster.leader(topic, partition).await?;
                 let channel = shared.cluster.connection().channel(&leader)?;
-                let response = tokio::time::timeout(
-                    shared.config.request_timeout,
-                    BrokerClient::new(channel).produce(request.clone()),
-                )
-                .await
-                .map_err(|_| {
-                    ClientError::new(
-                        ErrorCode::RequestTimedOut,
-                        format!(
-                            "no produce answer within {} ms",
-                            shared.config.request_timeout.as_millis()
-                        ),
-                    )
-                })?
-                .map_err(ClientError::from)?
-                .into_inner();
+                let response = call_produce(shared, channel, request.clone()).await?;
                 answer(&response, topic, partition)?;
                 Ok(response
                     .topics
