@@ -241,6 +241,16 @@ fn is_replaced_header(key: &str) -> bool {
         || key == TIMER_ID_HEADER
 }
 
+/// The record's headers a copy carries over (the application's).
+fn kept_headers(record: &ConsumerRecord) -> Vec<(String, Option<Bytes>)> {
+    record
+        .headers
+        .iter()
+        .filter(|(k, _)| !is_replaced_header(k))
+        .cloned()
+        .collect()
+}
+
 /// The record's first timestamp: a timer delivery moved the original to a header.
 fn original_timestamp(record: &ConsumerRecord) -> i64 {
     header(&record.headers, ORIGINAL_TIMESTAMP_HEADER)
@@ -266,12 +276,7 @@ pub fn retry_copy(
     let mut history = info.history.clone();
     history.push(now_ms);
     let history = &history[history.len().saturating_sub(HISTORY_MAX)..];
-    let mut headers: Vec<(String, Option<Bytes>)> = record
-        .headers
-        .iter()
-        .filter(|(k, _)| !is_replaced_header(k))
-        .cloned()
-        .collect();
+    let mut headers = kept_headers(record);
     let history = history
         .iter()
         .map(i64::to_string)
@@ -338,12 +343,7 @@ pub fn dead_letter_copy(
 /// position in `tidelog.dlq.replayed.from`; stamped now (pure).
 pub fn replay_copy(record: &ConsumerRecord) -> ProducerRecord {
     let info = RetryInfo::of(record);
-    let mut headers: Vec<(String, Option<Bytes>)> = record
-        .headers
-        .iter()
-        .filter(|(k, _)| !is_replaced_header(k))
-        .cloned()
-        .collect();
+    let mut headers = kept_headers(record);
     headers.push((
         REPLAYED_FROM_HEADER.to_owned(),
         Some(Bytes::from(format!(
