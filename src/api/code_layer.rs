@@ -19,7 +19,7 @@ use tonic::codegen::http;
 use tonic::{Code, Status};
 use tower::{Layer, Service};
 
-use super::status::{ERROR_CODE_KEY, RETRIABLE_KEY};
+use super::status::{is_transport_failure, ERROR_CODE_KEY, RETRIABLE_KEY};
 use crate::error_code::ErrorCode;
 
 /// The code for a status the server produced without one (pure).
@@ -38,8 +38,10 @@ pub fn code_for_uncoded(code: Code, message: &str) -> ErrorCode {
         Code::InvalidArgument | Code::Unimplemented => ErrorCode::InvalidRequest,
         Code::DeadlineExceeded => ErrorCode::RequestTimedOut,
         // A node this server forwarded to did not answer (e.g. a controller forwarding
-        // to a leader that just died): the client retries, as for its own connections.
-        Code::Unavailable => ErrorCode::NetworkException,
+        // to a leader that just died, whose connection hyper reports as "operation was
+        // canceled"): the client retries, as for its own connections.
+        Code::Unavailable | Code::Cancelled => ErrorCode::NetworkException,
+        Code::Unknown if is_transport_failure(message) => ErrorCode::NetworkException,
         _ => ErrorCode::UnknownServerError,
     }
 }
@@ -130,6 +132,22 @@ mod tests {
                 "Connection refused (os error 111)",
                 ErrorCode::NetworkException,
             ),
+            (
+                Code::Cancelled,
+                "operation was canceled",
+                ErrorCode::NetworkException,
+            ),
+            (
+                Code::Unknown,
+                "operation was canceled",
+                ErrorCode::NetworkException,
+            ),
+            (
+                Code::Unknown,
+                "h2 protocol error: error reading a body from connection",
+                ErrorCode::NetworkException,
+            ),
+            (Code::Unknown, "boom", ErrorCode::UnknownServerError),
         ];
         for (code, message, want) in cases {
             assert_eq!(code_for_uncoded(code, message), want, "{code:?} {message}");

@@ -170,7 +170,7 @@ pub fn code_of(status: &Status) -> ErrorCode {
 
 /// Whether a status message without a tidelog code is the transport's own (tonic and
 /// hyper report broken connections as `Unknown` with such messages).
-fn is_transport_failure(message: &str) -> bool {
+pub(crate) fn is_transport_failure(message: &str) -> bool {
     let m = message.to_ascii_lowercase();
     [
         "transport error",
