@@ -427,7 +427,7 @@ impl Consumer {
                         return Err(e);
                     }
                     let key = (t.topic.clone(), p.partition);
-                    let decoded = crate::record::decode_data_records(
+                    let decoded = crate::record::decode_data_records_shared(
                         &p.record_batches,
                         crate::partition::MAX_UNCOMPRESSED_BATCH_BYTES,
                     )

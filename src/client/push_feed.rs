@@ -224,7 +224,7 @@ impl PushFeed {
                     return Ok(());
                 };
                 if !self.moved.contains(&key) {
-                    let records = crate::record::decode_data_records(
+                    let records = crate::record::decode_data_records_shared(
                         &batches,
                         crate::partition::MAX_UNCOMPRESSED_BATCH_BYTES,
                     )

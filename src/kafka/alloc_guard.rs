@@ -1,6 +1,12 @@
-//! The process allocator, with one change: allocations of [`HUGE_BYTES`] or more are
-//! anonymous mappings made with `MAP_NORESERVE`, so the kernel's overcommit heuristic
-//! does not refuse them up front.
+//! The process allocator: mimalloc, with one change: allocations of [`HUGE_BYTES`] or
+//! more are anonymous mappings made with `MAP_NORESERVE`, so the kernel's overcommit
+//! heuristic does not refuse them up front.
+//!
+//! Why mimalloc rather than glibc's malloc: fetch and produce move multi-megabyte buffers
+//! through every request. glibc returns such memory to the kernel on free
+//! (`munmap`/`madvise`) and the next request faults it in again, page by page: about a
+//! third of the server's CPU on a consume run (docs/performance.md). mimalloc keeps
+//! freed pages in its thread-local heaps for reuse.
 //!
 //! Why: `kafka-protocol`'s decoders reserve `Vec` capacity for the element count an
 //! array claims before reading the elements. A hostile or corrupt frame claiming 2^31
@@ -11,7 +17,9 @@
 //! Legitimate allocations of this size (none are expected) work as before: the pages
 //! are allocated when touched.
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::{GlobalAlloc, Layout};
+
+use mimalloc::MiMalloc;
 
 /// Allocations at least this large are mapped without reservation.
 pub const HUGE_BYTES: usize = 1 << 30;
@@ -25,12 +33,12 @@ fn is_huge(layout: &Layout) -> bool {
     layout.size() >= HUGE_BYTES && layout.align() <= PAGE_BYTES
 }
 
-// SAFETY: every pointer comes from `System` or from `mmap` of `layout.size()` bytes; the
+// SAFETY: every pointer comes from `MiMalloc` or from `mmap` of `layout.size()` bytes; the
 // same `is_huge` test on the same layout routes it back to its own release function.
 unsafe impl GlobalAlloc for HugeAllocGuard {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if !is_huge(&layout) {
-            return System.alloc(layout);
+            return MiMalloc.alloc(layout);
         }
         let p = libc::mmap(
             std::ptr::null_mut(),
@@ -52,7 +60,7 @@ unsafe impl GlobalAlloc for HugeAllocGuard {
             // Fresh anonymous mappings read as zeros.
             self.alloc(layout)
         } else {
-            System.alloc_zeroed(layout)
+            MiMalloc.alloc_zeroed(layout)
         }
     }
 
@@ -60,14 +68,14 @@ unsafe impl GlobalAlloc for HugeAllocGuard {
         if is_huge(&layout) {
             libc::munmap(ptr.cast(), layout.size());
         } else {
-            System.dealloc(ptr, layout);
+            MiMalloc.dealloc(ptr, layout);
         }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let new_layout = Layout::from_size_align_unchecked(new_size, layout.align());
         if !is_huge(&layout) && !is_huge(&new_layout) {
-            return System.realloc(ptr, layout, new_size);
+            return MiMalloc.realloc(ptr, layout, new_size);
         }
         let new = self.alloc(new_layout);
         if !new.is_null() {

@@ -25,6 +25,8 @@
 //! offsets by rewriting them in place without recomputing the CRC.
 
 use super::compression::READ_CHUNK;
+use bytes::Bytes;
+
 use super::{Compression, Record, RecordError, RecordView};
 
 /// Size of the fixed batch header.
@@ -502,6 +504,30 @@ pub fn decode_data_records(
     buf: &[u8],
     max_uncompressed_bytes: usize,
 ) -> Result<Vec<super::Record>, RecordError> {
+    decode_data_records_with(buf, max_uncompressed_bytes, |r, _| r.to_record())
+}
+
+/// [`decode_data_records`] without copying: records of uncompressed batches share
+/// `buf`'s memory (compressed ones are decoded into their own), so a record kept alive
+/// keeps the whole of `buf` alive, as a fetch buffer in librdkafka does.
+pub fn decode_data_records_shared(
+    buf: &Bytes,
+    max_uncompressed_bytes: usize,
+) -> Result<Vec<super::Record>, RecordError> {
+    decode_data_records_with(buf, max_uncompressed_bytes, |r, compressed| {
+        if compressed {
+            r.to_record()
+        } else {
+            r.to_shared_record(buf)
+        }
+    })
+}
+
+fn decode_data_records_with(
+    buf: &[u8],
+    max_uncompressed_bytes: usize,
+    record: impl Fn(&RecordView<'_>, bool) -> Record,
+) -> Result<Vec<super::Record>, RecordError> {
     let mut out = Vec::new();
     let mut budget = max_uncompressed_bytes;
     for batch in BatchIter::new(buf) {
@@ -511,8 +537,9 @@ pub fn decode_data_records(
             continue;
         }
         let compressed = batch.header().compression()? != Compression::None;
+        out.reserve(batch.header().record_count.clamp(0, 4096) as usize);
         let used = batch.for_each_record(budget, |r| {
-            out.push(r.to_record());
+            out.push(record(&r, compressed));
             Ok(())
         })?;
         if compressed {

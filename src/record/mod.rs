@@ -23,9 +23,9 @@ pub const MAX_UNCOMPRESSED_BATCH_BYTES: usize = 64 << 20;
 pub mod varint;
 
 pub use batch::{
-    compute_crc, count_records, decode_data_records, peek_total_size, set_base_offset,
-    set_partition_leader_epoch, BatchHeader, BatchIter, RecordBatch, CRC_START, HEADER_LEN,
-    LOG_OVERHEAD, MAGIC,
+    compute_crc, count_records, decode_data_records, decode_data_records_shared, peek_total_size,
+    set_base_offset, set_partition_leader_epoch, BatchHeader, BatchIter, RecordBatch, CRC_START,
+    HEADER_LEN, LOG_OVERHEAD, MAGIC,
 };
 pub use builder::BatchBuilder;
 pub use compression::Compression;

@@ -146,16 +146,28 @@ impl<'a> RecordView<'a> {
 
     /// An owned copy.
     pub fn to_record(&self) -> Record {
+        self.build(Bytes::copy_from_slice)
+    }
+
+    /// A record whose key, value and header values share `owner`'s memory (no copy).
+    ///
+    /// # Panics
+    /// If this view does not lie inside `owner` (it must be decoded from those bytes).
+    pub fn to_shared_record(&self, owner: &Bytes) -> Record {
+        self.build(|part| owner.slice_ref(part))
+    }
+
+    fn build(&self, bytes: impl Fn(&[u8]) -> Bytes) -> Record {
         Record {
             offset: self.offset,
             timestamp: self.timestamp,
-            key: self.key.map(Bytes::copy_from_slice),
-            value: self.value.map(Bytes::copy_from_slice),
+            key: self.key.map(&bytes),
+            value: self.value.map(&bytes),
             headers: self
                 .headers()
                 .map(|(key, value)| Header {
                     key: key.to_owned(),
-                    value: value.map(Bytes::copy_from_slice),
+                    value: value.map(&bytes),
                 })
                 .collect(),
         }

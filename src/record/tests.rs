@@ -386,3 +386,38 @@ proptest! {
         let _ = count_records(&garbage);
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    /// The shared decode returns what the copying one does, and records of uncompressed
+    /// batches point into the fetched buffer instead of copies.
+    #[test]
+    fn shared_decode_matches_and_does_not_copy(
+        batches in proptest::collection::vec(
+            (arb_codec(), proptest::collection::vec(arb_record(), 1..10)),
+            1..5,
+        ),
+    ) {
+        let mut fetch = Vec::new();
+        let mut base = 0i64;
+        for (codec, records) in &batches {
+            fetch.extend_from_slice(&build(*codec, records, base));
+            base += records.len() as i64;
+        }
+        let fetch = bytes::Bytes::from(fetch);
+        let copied = decode_data_records(&fetch, LIMIT).unwrap();
+        let shared = decode_data_records_shared(&fetch, LIMIT).unwrap();
+        prop_assert_eq!(&shared, &copied);
+        let inside = |b: &bytes::Bytes| fetch.as_ptr_range().contains(&b.as_ptr());
+        let mut records = shared.iter();
+        for (codec, batch) in &batches {
+            for _ in batch {
+                let r = records.next().unwrap();
+                let parts = r.key.iter().chain(&r.value).chain(r.headers.iter().flat_map(|h| &h.value));
+                for part in parts.filter(|p| !p.is_empty()) {
+                    prop_assert_eq!(inside(part), *codec == Compression::None, "{}", codec);
+                }
+            }
+        }
+    }
+}
