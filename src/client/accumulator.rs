@@ -48,6 +48,10 @@ pub struct AccumulatorConfig {
     pub buffer_memory: usize,
     /// Codec of every batch.
     pub compression: Compression,
+    /// A drain takes a partition's ready batches behind its front too, up to this many
+    /// bytes in all (they go in one request, one round trip); at most `batch_size` takes
+    /// only the front.
+    pub drain_bytes_max: usize,
 }
 
 /// An upper bound of a record's encoded size in a batch (varints at their longest), so
@@ -77,6 +81,19 @@ pub fn fits(
     batch_size: usize,
 ) -> bool {
     batch_records == 0 || batch_bytes + record_bytes <= batch_size
+}
+
+/// The size an open batch fills up to: `batch_size`, or `grow_to` when that is larger
+/// and the batch is its partition's front, waiting only for the partition's batch in
+/// flight (pure). Filling it while the earlier one is out, instead of queueing batches
+/// of `batch_size` behind it, lets one partition move a large batch per round trip
+/// with one batch in flight (like a linger that lasts as long as the round trip).
+pub fn fill_limit(batch_size: usize, grow_to: usize, is_front: bool) -> usize {
+    if is_front {
+        batch_size.max(grow_to)
+    } else {
+        batch_size
+    }
 }
 
 /// Whether a partition's front batch may be sent: when it is full, when its first record
@@ -199,6 +216,9 @@ pub struct DrainedBatch {
     pub keyless_unsealed: bool,
     /// Every record may go to any partition (fault avoidance may move the batch).
     pub movable: bool,
+    /// Drained right behind the previous batch of the list, of the same partition: it
+    /// goes in the same request, after it.
+    pub follows: bool,
     id: u64,
 }
 
@@ -236,6 +256,9 @@ struct Batch {
 #[derive(Debug, Default)]
 struct PartitionQueue {
     batches: VecDeque<Batch>,
+    /// While the sender has a batch of this partition out: how far the front batch may
+    /// fill ([`fill_limit`]); 0 otherwise.
+    grow_to: usize,
 }
 
 /// The per-partition batch queues, the buffer pool, and the sender's wake-up.
@@ -342,13 +365,9 @@ impl Accumulator {
         let mut q = queue.lock();
         let mut sealed_keyless = false;
         let mut wake = false;
+        let limit = fill_limit(self.config.batch_size, q.grow_to, q.batches.len() == 1);
         let open = match q.batches.back_mut() {
-            Some(b)
-                if !b.sealed
-                    && fits(b.builder.len(), b.bytes, reserved, self.config.batch_size) =>
-            {
-                true
-            }
+            Some(b) if !b.sealed && fits(b.builder.len(), b.bytes, reserved, limit) => true,
             Some(b) => {
                 if !b.sealed {
                     b.sealed = true;
@@ -380,17 +399,21 @@ impl Accumulator {
             });
             wake |= q.batches.len() == 1;
         }
+        // The open batch's limit, for sealing (it may be a new front batch).
+        let limit = fill_limit(self.config.batch_size, q.grow_to, q.batches.len() == 1);
         let Some(batch) = q.batches.back_mut() else {
             unreachable!("the queue holds an open batch here")
         };
         let index = batch.builder.len() as u32;
+        let was_full = batch.bytes >= self.config.batch_size;
         batch.builder.push(record);
         batch.bytes += reserved;
         batch.oneway &= oneway;
         batch.keyless &= record.key.is_none();
         batch.movable &= movable;
+        // A growing front batch is ready at batch_size but stays open up to its limit.
         let full = batch.bytes >= self.config.batch_size;
-        if full {
+        if batch.bytes >= limit {
             batch.sealed = true;
             sealed_keyless |= batch.keyless;
         }
@@ -398,7 +421,7 @@ impl Accumulator {
         // Only a change at the front (a new front batch, or the front sealed) matters to the
         // sender: a batch behind the front is looked at when the front leaves, as the
         // sender drains again after every completion.
-        wake |= full && q.batches.len() == 1;
+        wake |= full && !was_full && q.batches.len() == 1;
         drop(q);
         if wake {
             self.wakeup.notify_one();
@@ -429,9 +452,10 @@ impl Accumulator {
     }
 
     /// Takes the front batch of every partition that `may_take(topic, partition)` allows
-    /// and whose front batch is ready at `now`; returns them, oldest partition queue
-    /// order within a partition, and the next time a batch not ready now will be (its
-    /// linger end).
+    /// and whose front batch is ready at `now`, with the full batches right behind it up
+    /// to `drain_bytes_max` in all (marked [`DrainedBatch::follows`]); returns them, in
+    /// queue order within a partition, and the next time a batch not ready now will be
+    /// (its linger end).
     pub fn drain(
         &self,
         now: Instant,
@@ -449,7 +473,7 @@ impl Accumulator {
                     continue;
                 };
                 let ready = is_ready(
-                    front.sealed,
+                    front.sealed || front.bytes >= self.config.batch_size,
                     now.saturating_duration_since(front.created),
                     self.config.linger,
                     flushing,
@@ -462,25 +486,44 @@ impl Accumulator {
                 if !may_take(topic, partition) {
                     continue;
                 }
-                let Some(b) = q.batches.pop_front() else {
-                    continue;
-                };
-                drop(q);
-                drained.push(DrainedBatch {
-                    topic: topic.clone(),
-                    partition,
-                    builder: b.builder,
-                    result: b.result,
-                    reserved: b.bytes,
-                    created: b.created,
-                    oneway: b.oneway,
-                    keyless_unsealed: b.keyless && !b.sealed,
-                    movable: b.movable,
-                    id: b.id,
-                });
+                let mut bytes = 0;
+                let mut follows = false;
+                while let Some(b) = q.batches.pop_front() {
+                    bytes += b.bytes;
+                    let oneway = b.oneway;
+                    drained.push(DrainedBatch {
+                        topic: topic.clone(),
+                        partition,
+                        builder: b.builder,
+                        result: b.result,
+                        reserved: b.bytes,
+                        created: b.created,
+                        oneway,
+                        keyless_unsealed: b.keyless && !b.sealed,
+                        movable: b.movable,
+                        follows,
+                        id: b.id,
+                    });
+                    follows = true;
+                    // The next joins if it is full too, goes with the same acks, and fits.
+                    let joins = q.batches.front().is_some_and(|n| {
+                        (n.sealed || n.bytes >= self.config.batch_size)
+                            && n.oneway == oneway
+                            && bytes + n.bytes <= self.config.drain_bytes_max
+                    });
+                    if !joins {
+                        break;
+                    }
+                }
             }
         }
         (drained, next)
+    }
+
+    /// Lets `topic`/`partition`'s front batch fill up to `grow_to` bytes (the sender has a
+    /// batch of it out), or only to `batch_size` again (`grow_to` 0: nothing out).
+    pub fn set_growth(&self, topic: &str, partition: u32, grow_to: usize) {
+        self.queue(topic, partition).lock().grow_to = grow_to;
     }
 
     /// The partitions holding queued batches that may move (fault avoidance).
@@ -631,6 +674,7 @@ mod tests {
             linger: Duration::from_millis(5),
             buffer_memory,
             compression: Compression::None,
+            drain_bytes_max: 0,
         }
     }
 
@@ -779,6 +823,87 @@ mod tests {
         assert!(batches.is_empty());
         let (batches, _) = acc.drain(t0 + Duration::from_secs(1), |_, _| true);
         assert_eq!(batches.len(), 1, "lingered long enough");
+    }
+
+    #[test]
+    fn the_front_batch_grows_while_its_partition_has_one_out() {
+        assert_eq!(fill_limit(3000, 0, true), 3000);
+        assert_eq!(fill_limit(3000, 10_000, true), 10_000);
+        assert_eq!(
+            fill_limit(3000, 10_000, false),
+            3000,
+            "only the front grows"
+        );
+        assert_eq!(fill_limit(3000, 1000, true), 3000, "never below batch_size");
+
+        let acc = Accumulator::new(config(3000, 1 << 20));
+        let value = vec![b'x'; 1000];
+        let reserved = record_size_bound(None, Some(&value), &[]);
+        let t0 = Instant::now();
+        // A batch of partition 0 is out: the open batch fills past batch_size.
+        acc.set_growth("t", 0, 10_000);
+        for i in 0..9 {
+            let a = acc.append("t", 0, record(&value), reserved, (false, false));
+            assert_eq!(a.index, i, "record {i} joins the one growing batch");
+            assert!(!a.sealed_keyless);
+        }
+        // Past batch_size it is ready (not waiting for its linger)...
+        let (batches, _) = acc.drain(t0, |_, _| true);
+        assert_eq!(batches.len(), 1);
+        assert_eq!(batches[0].builder.len(), 9);
+        // ... and at its limit it is sealed: the tenth record opens a new batch.
+        for _ in 0..9 {
+            acc.append("t", 0, record(&value), reserved, (false, false));
+        }
+        let tenth = acc.append("t", 0, record(&value), reserved, (false, false));
+        assert_eq!(tenth.index, 0, "9 x 1036 + 1036 > 10,000");
+        assert!(tenth.sealed_keyless);
+        // A batch opened while one is out (the queue was empty) grows too.
+        let (batches, _) = acc.drain(t0, |_, _| true);
+        assert_eq!(batches[0].builder.len(), 9);
+        let (batches, _) = acc.drain(t0 + Duration::from_secs(1), |_, _| true);
+        assert_eq!(batches[0].builder.len(), 1, "the tenth record's batch");
+        for i in 0..9 {
+            let a = acc.append("t", 0, record(&value), reserved, (false, false));
+            assert_eq!(a.index, i, "record {i} of a batch opened while one is out");
+        }
+        // Nothing out any more: batches are sealed at batch_size again.
+        acc.set_growth("t", 0, 0);
+        let (batches, _) = acc.drain(t0, |_, _| true);
+        assert_eq!(batches[0].builder.len(), 9);
+        acc.append("t", 0, record(&value), reserved, (false, false));
+        acc.append("t", 0, record(&value), reserved, (false, false));
+        let third = acc.append("t", 0, record(&value), reserved, (false, false));
+        assert_eq!(third.index, 0, "sealed at 2 records, as without growth");
+    }
+
+    #[test]
+    fn a_drain_takes_the_full_batches_behind_the_front_up_to_its_limit() {
+        let acc = Accumulator::new(AccumulatorConfig {
+            drain_bytes_max: 7000,
+            ..config(3000, 1 << 20)
+        });
+        let value = vec![b'x'; 1000];
+        let reserved = record_size_bound(None, Some(&value), &[]);
+        let t0 = Instant::now();
+        // 9 records: four sealed batches of 2 and an open one of 1.
+        for _ in 0..9 {
+            acc.append("t", 0, record(&value), reserved, (false, false));
+        }
+        acc.append("t", 1, record(&value), reserved, (false, false));
+        let (batches, _) = acc.drain(t0, |_, _| true);
+        let taken: Vec<(u32, usize, bool)> = batches
+            .iter()
+            .map(|b| (b.partition, b.builder.len(), b.follows))
+            .collect();
+        // 3 x 2072 bytes fit 7000; partition 1's lone record is not ready yet.
+        assert_eq!(taken, [(0, 2, false), (0, 2, true), (0, 2, true)]);
+        let (batches, _) = acc.drain(t0, |_, _| true);
+        assert_eq!(batches.len(), 1, "the open batch behind is not full");
+        assert_eq!(batches[0].builder.len(), 2);
+        let (batches, _) = acc.drain(t0 + Duration::from_secs(1), |_, _| true);
+        assert_eq!(batches.len(), 2, "each partition's lingered open batch");
+        assert!(batches.iter().all(|b| !b.follows && b.builder.len() == 1));
     }
 
     #[test]

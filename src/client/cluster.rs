@@ -12,6 +12,7 @@ use crate::api::proto::broker_client::BrokerClient;
 use crate::api::proto::MetadataRequest;
 use crate::error_code::ErrorCode;
 use crate::replication::rack::read_replica;
+use crate::topic_config::TopicConfig;
 
 /// A topic's partitions and their leaders' addresses (None: no leader now).
 #[derive(Debug, Clone)]
@@ -22,6 +23,8 @@ pub struct TopicRoute {
     pub followers: Vec<Vec<(String, Option<String>)>>,
     /// Per partition, the leader's rack.
     pub leader_racks: Vec<Option<String>>,
+    /// The topic's `max.message.bytes`: the largest batch its partitions accept.
+    pub max_message_bytes: usize,
 }
 
 /// Routes to partition leaders.
@@ -94,6 +97,7 @@ impl Cluster {
                 .iter()
                 .map(|p| p.leader.and_then(|l| brokers.get(&l)?.1.clone()))
                 .collect(),
+            max_message_bytes: max_message_bytes(&t.config),
         };
         self.routes.write().insert(topic.to_owned(), route.clone());
         Ok(route)
@@ -114,6 +118,11 @@ impl Cluster {
             .read()
             .get(topic)
             .map(|r| r.leaders.len() as u32)
+    }
+
+    /// The `max.message.bytes` of `topic` if its routes are cached.
+    pub fn cached_max_message_bytes(&self, topic: &str) -> Option<usize> {
+        self.routes.read().get(topic).map(|r| r.max_message_bytes)
     }
 
     /// The cached leader of one partition, if known.
@@ -197,4 +206,12 @@ impl Cluster {
                 )
             })
     }
+}
+
+/// A topic's `max.message.bytes` from its config (the default when unset or unreadable).
+fn max_message_bytes(config: &std::collections::BTreeMap<String, String>) -> usize {
+    let default = TopicConfig::default().max_message_bytes;
+    config
+        .get("max.message.bytes")
+        .map_or(default, |v| v.parse().unwrap_or(default))
 }

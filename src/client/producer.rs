@@ -62,6 +62,7 @@ use crate::api::proto::{PartitionProduceData, ProduceRequest, ProduceResponse, T
 use crate::error_code::ErrorCode;
 use crate::record::tag::{check_tag, TAG_HEADER};
 use crate::record::{BatchBuilder, Compression, RecordRef};
+use crate::topic_config::TopicConfig;
 
 mod schedule;
 pub use schedule::{Due, Scheduled};
@@ -76,6 +77,11 @@ pub struct ProducerConfig {
     pub acks: i32,
     /// A partition's batch is sent once it holds this many bytes.
     pub batch_size: usize,
+    /// While a partition's batch is in flight, its next batch keeps filling up to this
+    /// many bytes instead of queueing batches of `batch_size` behind it (never beyond
+    /// `max_request_size`, nor 7/8 of the topic's `max.message.bytes`), so one partition
+    /// moves a large batch per round trip. At most `batch_size` disables it.
+    pub batch_size_max: usize,
     /// ... or once its oldest record waited this long.
     pub linger: Duration,
     /// Batches in flight over all partitions (each partition has at most one).
@@ -132,6 +138,7 @@ impl Default for ProducerConfig {
         Self {
             acks: -1,
             batch_size: 16 * 1024,
+            batch_size_max: 1024 * 1024,
             linger: Duration::from_millis(5),
             max_in_flight: 16,
             retries: u32::MAX,
@@ -370,6 +377,7 @@ impl Producer {
                 linger: config.linger,
                 buffer_memory: config.buffer_memory,
                 compression: config.compression,
+                drain_bytes_max: config.max_request_size,
             }),
             faults: FaultTracker::default(),
             identity: tokio::sync::Mutex::new(None),
@@ -559,6 +567,11 @@ fn choose_partition(
 /// A drained batch, encoded, between its first send and its completion.
 struct InFlight {
     batch: DrainedBatch,
+    /// Its record count.
+    count: i64,
+    /// Batches of the same partition sent right after it in the same payload, with
+    /// their record counts (the broker appends them together, or none of them).
+    more: Vec<(DrainedBatch, i64)>,
     payload: Bytes,
     acks: i32,
     /// The producer id generation it was numbered under (None: not idempotent).
@@ -624,6 +637,29 @@ impl Sender {
             list.resize(partition as usize + 1, PartitionSend::default());
         }
         &mut list[partition as usize]
+    }
+
+    /// Marks a partition as having a batch out (or not), and lets its next batch grow
+    /// meanwhile ([`ProducerConfig::batch_size_max`]).
+    fn set_muted(&mut self, topic: &str, partition: u32, muted: bool) {
+        self.partition(topic, partition).muted = muted;
+        let grow_to = if muted {
+            let config = &self.shared.config;
+            let max_message_bytes = self
+                .shared
+                .cluster
+                .cached_max_message_bytes(topic)
+                .unwrap_or_else(|| TopicConfig::default().max_message_bytes);
+            config
+                .batch_size_max
+                .min(config.max_request_size)
+                .min(max_message_bytes / 8 * 7)
+        } else {
+            0
+        };
+        self.shared
+            .accumulator
+            .set_growth(topic, partition, grow_to);
     }
 
     async fn run(mut self) {
@@ -741,6 +777,7 @@ impl Sender {
         if !shared.config.fault_avoidance
             || f.generation.is_some()
             || !f.batch.movable
+            || f.more.iter().any(|(b, _)| !b.movable)
             || !shared.leader_avoided(&topic, from)
         {
             return;
@@ -765,9 +802,12 @@ impl Sender {
             return;
         }
         tracing::debug!(%topic, from, to, "retrying a failed batch on another broker's partition");
-        self.partition(&topic, from).muted = false;
-        self.partition(&topic, to).muted = true;
+        self.set_muted(&topic, from, false);
+        self.set_muted(&topic, to, true);
         f.batch.move_to(to);
+        for (batch, _) in &mut f.more {
+            batch.move_to(to);
+        }
     }
 
     /// Numbers (when idempotent) and encodes drained batches; returns their keys.
@@ -781,6 +821,8 @@ impl Sender {
             None
         };
         let mut keys = Vec::with_capacity(drained.len());
+        // The request entry a following batch of the same partition joins.
+        let mut last: Option<u64> = None;
         for mut batch in drained {
             if batch.keyless_unsealed {
                 self.shared.partitioner.batch_done();
@@ -819,13 +861,31 @@ impl Sender {
                     continue;
                 }
             };
-            self.partition(&batch.topic, batch.partition).muted = true;
+            let joined = last.and_then(|k| self.in_flight.get_mut(&k)).filter(|f| {
+                batch.follows
+                    && f.acks == acks
+                    && f.generation == generation
+                    && f.batch.topic == batch.topic
+                    && f.batch.partition == batch.partition
+            });
+            if let Some(f) = joined {
+                // (No copy of what is there: the payload is not shared yet.)
+                let mut joint = Vec::from(std::mem::take(&mut f.payload));
+                joint.extend_from_slice(&payload);
+                f.payload = Bytes::from(joint);
+                f.more.push((batch, count.into()));
+                continue;
+            }
+            self.set_muted(&batch.topic, batch.partition, true);
             let key = batch.id();
             keys.push(key);
+            last = Some(key);
             self.in_flight.insert(
                 key,
                 InFlight {
                     batch,
+                    count: count.into(),
+                    more: Vec::new(),
                     payload,
                     acks,
                     generation,
@@ -919,8 +979,15 @@ impl Sender {
                     tracing::debug!(topic = %f.batch.topic, partition = f.batch.partition, error = %e, "batch failed; taking a new producer id");
                     self.shared.abandon_identity(generation).await;
                 }
-                self.shared.accumulator.complete(&f.batch, result);
-                self.partition(&f.batch.topic, f.batch.partition).muted = false;
+                let parts =
+                    std::iter::once((&f.batch, f.count)).chain(f.more.iter().map(|(b, n)| (b, *n)));
+                let mut at = result;
+                for (batch, n) in parts {
+                    self.shared.accumulator.complete(batch, at.clone());
+                    // The next batch starts after this one's records (-1: acks=0).
+                    at = at.map(|o| if o < 0 { o } else { o + n });
+                }
+                self.set_muted(&f.batch.topic, f.batch.partition, false);
             }
         }
     }
