@@ -21,6 +21,7 @@ fn append_1kib(c: &mut Criterion) {
         linger: Duration::from_secs(3600),
         buffer_memory: 32 * 1024 * 1024,
         compression: Compression::None,
+        drain_bytes_max: 1024 * 1024,
     });
     let value = vec![b'x'; 1024];
     let reserved = record_size_bound(None, Some(&value), &[]);
