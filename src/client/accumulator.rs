@@ -83,18 +83,19 @@ pub fn fits(
     batch_records == 0 || batch_bytes + record_bytes <= batch_size
 }
 
-/// The size an open batch fills up to: `batch_size`, or `grow_to` when that is larger
-/// and the batch is its partition's front, waiting only for the partition's batch in
-/// flight (pure). Filling it while the earlier one is out, instead of queueing batches
-/// of `batch_size` behind it, lets one partition move a large batch per round trip
-/// with one batch in flight (like a linger that lasts as long as the round trip).
-pub fn fill_limit(batch_size: usize, grow_to: usize, is_front: bool) -> usize {
-    if is_front {
-        batch_size.max(grow_to)
-    } else {
-        batch_size
-    }
+/// The size an open batch fills up to: `batch_size`, or `grow_to` while its partition
+/// has a request out, when that is larger (pure). Filling batches while the earlier
+/// one is out, instead of queueing batches of `batch_size`, lets one partition move a
+/// large batch per round trip with one request in flight (like a linger that lasts as
+/// long as the round trip). A batch past `batch_size` is ready all the same.
+pub fn fill_limit(batch_size: usize, grow_to: usize) -> usize {
+    batch_size.max(grow_to)
 }
+
+/// Batches of one partition a drain takes at most: the broker recognises a retried
+/// batch among a producer's last 5 per partition (`RETAINED_BATCHES`), so a retried
+/// request of more could be refused as out of order although it was written.
+pub const DRAIN_BATCHES_MAX: usize = crate::partition::producer_state::RETAINED_BATCHES;
 
 /// Whether a partition's front batch may be sent: when it is full, when its first record
 /// has waited `linger`, or when a flush is waiting for it.
@@ -246,6 +247,8 @@ struct Batch {
     created: Instant,
     /// No more records go in.
     sealed: bool,
+    /// Full while keyless: the sticky partitioner moved on already.
+    moved_on: bool,
     oneway: bool,
     keyless: bool,
     movable: bool,
@@ -365,13 +368,13 @@ impl Accumulator {
         let mut q = queue.lock();
         let mut sealed_keyless = false;
         let mut wake = false;
-        let limit = fill_limit(self.config.batch_size, q.grow_to, q.batches.len() == 1);
+        let limit = fill_limit(self.config.batch_size, q.grow_to);
         let open = match q.batches.back_mut() {
             Some(b) if !b.sealed && fits(b.builder.len(), b.bytes, reserved, limit) => true,
             Some(b) => {
                 if !b.sealed {
                     b.sealed = true;
-                    sealed_keyless = b.keyless;
+                    sealed_keyless = b.keyless && !b.moved_on;
                     // Sealing the front: it is ready now.
                     wake = q.batches.len() == 1;
                 }
@@ -392,6 +395,7 @@ impl Accumulator {
                 bytes: 0,
                 created: Instant::now(),
                 sealed: false,
+                moved_on: false,
                 oneway: true,
                 keyless: true,
                 movable: true,
@@ -399,8 +403,6 @@ impl Accumulator {
             });
             wake |= q.batches.len() == 1;
         }
-        // The open batch's limit, for sealing (it may be a new front batch).
-        let limit = fill_limit(self.config.batch_size, q.grow_to, q.batches.len() == 1);
         let Some(batch) = q.batches.back_mut() else {
             unreachable!("the queue holds an open batch here")
         };
@@ -411,11 +413,15 @@ impl Accumulator {
         batch.oneway &= oneway;
         batch.keyless &= record.key.is_none();
         batch.movable &= movable;
-        // A growing front batch is ready at batch_size but stays open up to its limit.
+        // A growing batch is ready at batch_size but stays open up to its limit; keyless
+        // records move on to another partition at batch_size all the same.
         let full = batch.bytes >= self.config.batch_size;
         if batch.bytes >= limit {
             batch.sealed = true;
-            sealed_keyless |= batch.keyless;
+        }
+        if full && !was_full && batch.keyless {
+            sealed_keyless = true;
+            batch.moved_on = true;
         }
         let result = batch.result.clone();
         // Only a change at the front (a new front batch, or the front sealed) matters to the
@@ -487,9 +493,12 @@ impl Accumulator {
                     continue;
                 }
                 let mut bytes = 0;
+                let mut taken = 0;
                 let mut follows = false;
                 while let Some(b) = q.batches.pop_front() {
-                    bytes += b.bytes;
+                    // Reserved record bytes plus the batch header: the request's size.
+                    bytes += b.bytes + crate::record::HEADER_LEN;
+                    taken += 1;
                     let oneway = b.oneway;
                     drained.push(DrainedBatch {
                         topic: topic.clone(),
@@ -499,7 +508,7 @@ impl Accumulator {
                         reserved: b.bytes,
                         created: b.created,
                         oneway,
-                        keyless_unsealed: b.keyless && !b.sealed,
+                        keyless_unsealed: b.keyless && !b.sealed && !b.moved_on,
                         movable: b.movable,
                         follows,
                         id: b.id,
@@ -509,7 +518,9 @@ impl Accumulator {
                     let joins = q.batches.front().is_some_and(|n| {
                         (n.sealed || n.bytes >= self.config.batch_size)
                             && n.oneway == oneway
-                            && bytes + n.bytes <= self.config.drain_bytes_max
+                            && taken < DRAIN_BATCHES_MAX
+                            && bytes + n.bytes + crate::record::HEADER_LEN
+                                <= self.config.drain_bytes_max
                     });
                     if !joins {
                         break;
@@ -826,55 +837,71 @@ mod tests {
     }
 
     #[test]
-    fn the_front_batch_grows_while_its_partition_has_one_out() {
-        assert_eq!(fill_limit(3000, 0, true), 3000);
-        assert_eq!(fill_limit(3000, 10_000, true), 10_000);
-        assert_eq!(
-            fill_limit(3000, 10_000, false),
-            3000,
-            "only the front grows"
-        );
-        assert_eq!(fill_limit(3000, 1000, true), 3000, "never below batch_size");
+    fn batches_grow_while_their_partition_has_a_request_out() {
+        assert_eq!(fill_limit(3000, 0), 3000);
+        assert_eq!(fill_limit(3000, 10_000), 10_000);
+        assert_eq!(fill_limit(3000, 1000), 3000, "never below batch_size");
 
-        let acc = Accumulator::new(config(3000, 1 << 20));
+        let acc = Accumulator::new(AccumulatorConfig {
+            drain_bytes_max: 7000,
+            ..config(3000, 1 << 20)
+        });
         let value = vec![b'x'; 1000];
         let reserved = record_size_bound(None, Some(&value), &[]);
         let t0 = Instant::now();
-        // A batch of partition 0 is out: the open batch fills past batch_size.
+        // A request of partition 0 is out: the open batch fills past batch_size.
         acc.set_growth("t", 0, 10_000);
         for i in 0..9 {
             let a = acc.append("t", 0, record(&value), reserved, (false, false));
             assert_eq!(a.index, i, "record {i} joins the one growing batch");
-            assert!(!a.sealed_keyless);
+            // Keyless records move on at batch_size (3 x 1036 >= 3000), once.
+            assert_eq!(a.sealed_keyless, i == 2, "record {i}");
         }
         // Past batch_size it is ready (not waiting for its linger)...
         let (batches, _) = acc.drain(t0, |_, _| true);
         assert_eq!(batches.len(), 1);
         assert_eq!(batches[0].builder.len(), 9);
-        // ... and at its limit it is sealed: the tenth record opens a new batch.
+        assert!(
+            !batches[0].keyless_unsealed,
+            "the partitioner moved on already"
+        );
+        // ... and at its limit it is sealed: the tenth record opens a new batch, which
+        // grows too although another is queued ahead of it.
         for _ in 0..9 {
             acc.append("t", 0, record(&value), reserved, (false, false));
         }
-        let tenth = acc.append("t", 0, record(&value), reserved, (false, false));
-        assert_eq!(tenth.index, 0, "9 x 1036 + 1036 > 10,000");
-        assert!(tenth.sealed_keyless);
-        // A batch opened while one is out (the queue was empty) grows too.
-        let (batches, _) = acc.drain(t0, |_, _| true);
-        assert_eq!(batches[0].builder.len(), 9);
-        let (batches, _) = acc.drain(t0 + Duration::from_secs(1), |_, _| true);
-        assert_eq!(batches[0].builder.len(), 1, "the tenth record's batch");
         for i in 0..9 {
             let a = acc.append("t", 0, record(&value), reserved, (false, false));
-            assert_eq!(a.index, i, "record {i} of a batch opened while one is out");
+            assert_eq!(a.index, i, "9 x 1036 + 1036 > 10,000: a second batch");
+            assert_eq!(a.sealed_keyless, i == 2, "record {i} of the second");
         }
         // Nothing out any more: batches are sealed at batch_size again.
         acc.set_growth("t", 0, 0);
+        let (batches, _) = acc.drain(t0, |_, _| true);
+        assert_eq!(batches.len(), 1, "9 KiB batches: one fills a 7 KiB request");
         let (batches, _) = acc.drain(t0, |_, _| true);
         assert_eq!(batches[0].builder.len(), 9);
         acc.append("t", 0, record(&value), reserved, (false, false));
         acc.append("t", 0, record(&value), reserved, (false, false));
         let third = acc.append("t", 0, record(&value), reserved, (false, false));
         assert_eq!(third.index, 0, "sealed at 2 records, as without growth");
+        assert!(third.sealed_keyless);
+    }
+
+    #[test]
+    fn a_drain_takes_at_most_what_the_broker_recognises_as_a_retry() {
+        let acc = Accumulator::new(AccumulatorConfig {
+            drain_bytes_max: 1 << 20,
+            ..config(3000, 1 << 20)
+        });
+        let value = vec![b'x'; 1000];
+        let reserved = record_size_bound(None, Some(&value), &[]);
+        for _ in 0..30 {
+            acc.append("t", 0, record(&value), reserved, (false, false));
+        }
+        let (batches, _) = acc.drain(Instant::now(), |_, _| true);
+        assert_eq!(batches.len(), DRAIN_BATCHES_MAX);
+        assert_eq!(DRAIN_BATCHES_MAX, 5);
     }
 
     #[test]

@@ -831,7 +831,7 @@ impl Sender {
             let builder =
                 std::mem::replace(&mut batch.builder, BatchBuilder::new(Compression::None));
             let count = builder.len() as i32;
-            let (builder, generation) = match (&identity, acks) {
+            let (builder, numbered) = match (&identity, acks) {
                 (Some(Err(e)), a) if a != 0 => {
                     self.shared.accumulator.complete(&batch, Err(e.clone()));
                     continue;
@@ -845,7 +845,7 @@ impl Sender {
                     state.sequence.1 = first.wrapping_add(count) & i32::MAX;
                     (
                         builder.producer(identity.producer_id, identity.epoch, first),
-                        Some(identity.generation),
+                        Some((identity.generation, first)),
                     )
                 }
                 _ => (builder, None),
@@ -853,6 +853,12 @@ impl Sender {
             let payload = match builder.build(0) {
                 Ok(bytes) => Bytes::from(bytes),
                 Err(e) => {
+                    // Its numbers go to the next batch: no gap (none after it has any yet),
+                    // and nothing may follow it into the request before it.
+                    if let Some((_, first)) = numbered {
+                        self.partition(&batch.topic, batch.partition).sequence.1 = first;
+                    }
+                    last = None;
                     let e = ClientError::new(
                         ErrorCode::InvalidRequest,
                         format!("cannot encode records: {e}"),
@@ -861,6 +867,7 @@ impl Sender {
                     continue;
                 }
             };
+            let generation = numbered.map(|(generation, _)| generation);
             let joined = last.and_then(|k| self.in_flight.get_mut(&k)).filter(|f| {
                 batch.follows
                     && f.acks == acks
