@@ -836,18 +836,25 @@ mod tests {
         assert_eq!(batches.len(), 1, "lingered long enough");
     }
 
+    /// An accumulator of 3000-byte batches draining up to `drain_bytes_max`, a 1000-byte
+    /// value and the bytes a record of it reserves (1036: two fill a batch).
+    fn kib_records(drain_bytes_max: usize) -> (Accumulator, Vec<u8>, usize) {
+        let acc = Accumulator::new(AccumulatorConfig {
+            drain_bytes_max,
+            ..config(3000, 1 << 20)
+        });
+        let value = vec![b'x'; 1000];
+        let reserved = record_size_bound(None, Some(&value), &[]);
+        (acc, value, reserved)
+    }
+
     #[test]
     fn batches_grow_while_their_partition_has_a_request_out() {
         assert_eq!(fill_limit(3000, 0), 3000);
         assert_eq!(fill_limit(3000, 10_000), 10_000);
         assert_eq!(fill_limit(3000, 1000), 3000, "never below batch_size");
 
-        let acc = Accumulator::new(AccumulatorConfig {
-            drain_bytes_max: 7000,
-            ..config(3000, 1 << 20)
-        });
-        let value = vec![b'x'; 1000];
-        let reserved = record_size_bound(None, Some(&value), &[]);
+        let (acc, value, reserved) = kib_records(7000);
         let t0 = Instant::now();
         // A request of partition 0 is out: the open batch fills past batch_size.
         acc.set_growth("t", 0, 10_000);
@@ -890,12 +897,7 @@ mod tests {
 
     #[test]
     fn a_drain_takes_at_most_what_the_broker_recognises_as_a_retry() {
-        let acc = Accumulator::new(AccumulatorConfig {
-            drain_bytes_max: 1 << 20,
-            ..config(3000, 1 << 20)
-        });
-        let value = vec![b'x'; 1000];
-        let reserved = record_size_bound(None, Some(&value), &[]);
+        let (acc, value, reserved) = kib_records(1 << 20);
         for _ in 0..30 {
             acc.append("t", 0, record(&value), reserved, (false, false));
         }
@@ -906,12 +908,7 @@ mod tests {
 
     #[test]
     fn a_drain_takes_the_full_batches_behind_the_front_up_to_its_limit() {
-        let acc = Accumulator::new(AccumulatorConfig {
-            drain_bytes_max: 7000,
-            ..config(3000, 1 << 20)
-        });
-        let value = vec![b'x'; 1000];
-        let reserved = record_size_bound(None, Some(&value), &[]);
+        let (acc, value, reserved) = kib_records(7000);
         let t0 = Instant::now();
         // 9 records: four sealed batches of 2 and an open one of 1.
         for _ in 0..9 {
