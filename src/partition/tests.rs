@@ -1273,6 +1273,47 @@ fn producer_batch(tag: &str, n: usize, pid: i64, epoch: i16, seq: i32) -> Vec<u8
     b.build(0).unwrap()
 }
 
+/// A producer's request carries several batches of one partition back to back
+/// (`client::accumulator::DRAIN_BATCHES_MAX` of them at most): a retry of the whole
+/// request is recognised while it holds no more than the batches the log keeps per
+/// producer, and refused beyond that, although it was written.
+#[test]
+fn a_retried_request_of_several_batches_is_recognised_up_to_the_kept_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path(), TopicConfig::default());
+    let request = |pid: i64, batches: usize| -> Vec<u8> {
+        (0..batches)
+            .flat_map(|i| producer_batch(&format!("r{i}"), 3, pid, 0, 3 * i as i32))
+            .collect()
+    };
+    let kept = producer_state::RETAINED_BATCHES;
+    let first = log
+        .append_as_leader(&mut request(7, kept), LeaderEpoch(0))
+        .unwrap();
+    assert!(!first.duplicate);
+    assert_eq!(log.log_end_offset(), Offset(3 * kept as u64));
+    let retry = log
+        .append_as_leader(&mut request(7, kept), LeaderEpoch(0))
+        .unwrap();
+    assert!(retry.duplicate, "a retry of {kept} batches is recognised");
+    assert_eq!(
+        (retry.first_offset, retry.last_offset),
+        (Offset(0), Offset(3 * kept as u64 - 1))
+    );
+    assert_eq!(log.log_end_offset(), Offset(3 * kept as u64));
+
+    let end = log.log_end_offset();
+    log.append_as_leader(&mut request(8, kept + 1), LeaderEpoch(0))
+        .unwrap();
+    let retry = log.append_as_leader(&mut request(8, kept + 1), LeaderEpoch(0));
+    assert!(
+        matches!(retry, Err(LogError::Sequence(_))),
+        "the first of {} batches is forgotten: {retry:?}",
+        kept + 1
+    );
+    assert_eq!(log.log_end_offset(), Offset(end.0 + 3 * (kept as u64 + 1)));
+}
+
 #[test]
 fn idempotent_retries_are_not_written_twice_even_after_reopen() {
     let dir = tempfile::tempdir().unwrap();
