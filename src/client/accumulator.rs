@@ -255,11 +255,18 @@ struct Batch {
     result: Arc<BatchResult>,
 }
 
+impl Batch {
+    /// Sealed, or holding `batch_size` bytes (a growing batch stays open past that).
+    fn is_full(&self, batch_size: usize) -> bool {
+        self.sealed || self.bytes >= batch_size
+    }
+}
+
 /// One partition's batches, oldest first; only the last may be open.
 #[derive(Debug, Default)]
 struct PartitionQueue {
     batches: VecDeque<Batch>,
-    /// While the sender has a batch of this partition out: how far the front batch may
+    /// While the sender has a request of this partition out: how far its open batch may
     /// fill ([`fill_limit`]); 0 otherwise.
     grow_to: usize,
 }
@@ -479,7 +486,7 @@ impl Accumulator {
                     continue;
                 };
                 let ready = is_ready(
-                    front.sealed || front.bytes >= self.config.batch_size,
+                    front.is_full(self.config.batch_size),
                     now.saturating_duration_since(front.created),
                     self.config.linger,
                     flushing,
@@ -516,7 +523,7 @@ impl Accumulator {
                     follows = true;
                     // The next joins if it is full too, goes with the same acks, and fits.
                     let joins = q.batches.front().is_some_and(|n| {
-                        (n.sealed || n.bytes >= self.config.batch_size)
+                        n.is_full(self.config.batch_size)
                             && n.oneway == oneway
                             && taken < DRAIN_BATCHES_MAX
                             && bytes + n.bytes + crate::record::HEADER_LEN
@@ -531,8 +538,8 @@ impl Accumulator {
         (drained, next)
     }
 
-    /// Lets `topic`/`partition`'s front batch fill up to `grow_to` bytes (the sender has a
-    /// batch of it out), or only to `batch_size` again (`grow_to` 0: nothing out).
+    /// Lets `topic`/`partition`'s open batch fill up to `grow_to` bytes (the sender has a
+    /// request of it out), or only to `batch_size` again (`grow_to` 0: nothing out).
     pub fn set_growth(&self, topic: &str, partition: u32, grow_to: usize) {
         self.queue(topic, partition).lock().grow_to = grow_to;
     }

@@ -77,7 +77,7 @@ pub struct ProducerConfig {
     pub acks: i32,
     /// A partition's batch is sent once it holds this many bytes.
     pub batch_size: usize,
-    /// While a partition's batch is in flight, its next batch keeps filling up to this
+    /// While a partition's request is in flight, its open batch keeps filling up to this
     /// many bytes instead of queueing batches of `batch_size` behind it (never beyond
     /// `max_request_size`, nor 7/8 of the topic's `max.message.bytes`), so one partition
     /// moves a large batch per round trip. At most `batch_size` disables it.
