@@ -353,6 +353,7 @@ async fn three_brokers_serve_a_twelve_partition_topic_through_any_bootstrap() {
             raw_batches: false,
             filter: None,
             read_from_follower: false,
+            isolation: 0,
         })
         .await
         .unwrap()

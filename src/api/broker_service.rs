@@ -29,8 +29,9 @@ use crate::controller::validation;
 use crate::error_code::ErrorCode;
 use crate::filter::{RecordFilter, SqlFilter, TagFilter};
 use crate::partition::{FetchData, MAX_UNCOMPRESSED_BATCH_BYTES};
+use crate::record::control::AbortedRanges;
 use crate::record::tag::{check_tag, split_tag, TAG_HEADER};
-use crate::record::{decode_data_records, BatchBuilder, BatchIter, Compression, RecordRef};
+use crate::record::{decode_committed_records, BatchBuilder, BatchIter, Compression, RecordRef};
 
 /// How long an acks=all produce waits for replication when the request gives no timeout.
 const PRODUCE_TIMEOUT_DEFAULT_MS: u64 = 30_000;
@@ -253,12 +254,23 @@ fn next_fetch_offset(d: &FetchData, from: u64) -> i64 {
     next as i64
 }
 
-/// Decodes the records of `batches` at or after `from`.
+/// The aborted transactions of a read as the record decoder takes them.
+pub(crate) fn aborted_ranges(d: &FetchData) -> AbortedRanges {
+    AbortedRanges::new(
+        d.aborted_transactions
+            .iter()
+            .map(|a| (a.producer_id, a.first_offset as i64, a.last_offset as i64))
+            .collect(),
+    )
+}
+
+/// Decodes the records of `batches` at or after `from`, leaving out `aborted` ones.
 pub(crate) fn decode_records(
     batches: &Bytes,
     from: u64,
+    aborted: &AbortedRanges,
 ) -> Result<Vec<ConsumedRecord>, BrokerError> {
-    let records = decode_data_records(batches, MAX_UNCOMPRESSED_BATCH_BYTES)
+    let records = decode_committed_records(batches, MAX_UNCOMPRESSED_BATCH_BYTES, aborted)
         .map_err(|e| BrokerError::new(ErrorCode::CorruptMessage, format!("stored batch: {e}")))?;
     Ok(records
         .into_iter()
@@ -378,6 +390,7 @@ impl Broker for BrokerService {
             r.topics.iter().map(|t| t.partitions.len()).sum(),
         )?;
         let filter = parse_filter(r.filter.as_ref())?;
+        let read_committed = r.isolation == proto::IsolationLevel::ReadCommitted as i32;
         let mut targets = Vec::new();
         for t in &r.topics {
             for p in &t.partitions {
@@ -402,6 +415,7 @@ impl Broker for BrokerService {
                     },
                     filter: filter.clone(),
                     follower_ok: r.read_from_follower,
+                    read_committed,
                 });
             }
         }
@@ -427,7 +441,7 @@ impl Broker for BrokerService {
                 let records = if r.raw_batches {
                     Vec::new()
                 } else {
-                    decode_records(&d.records, target.offset)?
+                    decode_records(&d.records, target.offset, &aborted_ranges(&d))?
                 };
                 Ok((d, records))
             }) {
@@ -437,6 +451,19 @@ impl Broker for BrokerService {
                     high_watermark: d.high_watermark.as_i64(),
                     log_start_offset: d.log_start_offset.as_i64(),
                     log_end_offset: d.log_end_offset.as_i64(),
+                    last_stable_offset: d.last_stable_offset.as_i64(),
+                    aborted_transactions: if r.raw_batches {
+                        d.aborted_transactions
+                            .iter()
+                            .map(|a| proto::AbortedTransaction {
+                                producer_id: a.producer_id,
+                                first_offset: a.first_offset as i64,
+                                last_offset: a.last_offset as i64,
+                            })
+                            .collect()
+                    } else {
+                        Vec::new()
+                    },
                     record_batches: if r.raw_batches {
                         d.records
                     } else {

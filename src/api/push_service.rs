@@ -150,7 +150,7 @@ fn to_proto(event: PushEvent, raw: bool) -> Result<SubscribeResponse, Box<Undeli
             let decoded = if raw || batches.is_empty() {
                 Ok(Vec::new())
             } else {
-                decode_records(&batches, from)
+                decode_records(&batches, from, &Default::default())
             };
             match decoded {
                 Ok(decoded) => Message::Records(PushedRecords {

@@ -113,6 +113,9 @@ pub struct FetchTarget {
     pub filter: Option<Arc<RecordFilter>>,
     /// An in-sync follower may answer, up to the high watermark it knows (KIP-392).
     pub follower_ok: bool,
+    /// Read committed: stop at the last stable offset and return the aborted
+    /// transactions overlapping the records.
+    pub read_committed: bool,
 }
 
 /// Which offset ListOffsets asks for.
@@ -555,31 +558,34 @@ impl BrokerNode {
             };
             return Err(ReadFailure::Broker(error));
         }
-        if target.offset >= hw.0 || target.max_bytes == 0 {
+        let isolation = if target.read_committed {
+            Isolation::Committed
+        } else {
+            Isolation::HighWatermark
+        };
+        let stable = if target.read_committed {
+            local.log.last_stable_offset()
+        } else {
+            hw
+        };
+        if target.offset >= stable.0 || target.max_bytes == 0 {
             // The partition's state only: nothing committed there yet (a consumer waiting
             // at the end, or a new leader whose high watermark has not caught up with the
             // old one's), or the response budget went to earlier partitions.
-            return Ok(FetchData {
-                records: bytes::Bytes::new(),
-                high_watermark: hw,
-                log_start_offset: local.log.log_start_offset(),
-                log_end_offset: end,
-                next_offset: None,
-            });
+            return Ok(FetchData::empty(hw, start, end, stable));
         }
         let read = match target.filter.as_deref() {
             // Filtered reads go to a blocking thread: they may read many batches.
             Some(_) if cached_only => return Err(ReadFailure::NotCached),
-            Some(filter) => local.log.read_filtered(
-                Offset(target.offset),
-                target.max_bytes,
-                Isolation::HighWatermark,
-                filter,
-            ),
+            Some(filter) => {
+                local
+                    .log
+                    .read_filtered(Offset(target.offset), target.max_bytes, isolation, filter)
+            }
             None => local.log.read_with(
                 Offset(target.offset),
                 target.max_bytes,
-                Isolation::HighWatermark,
+                isolation,
                 ReadOptions {
                     verify_crc: self.limits.verify_crc_on_read,
                     cached_only,
@@ -861,12 +867,9 @@ impl BrokerNode {
                 )?;
                 changes.push(change);
                 let data = if t.fetch_offset == end.0 {
-                    FetchData {
-                        records: bytes::Bytes::new(),
-                        high_watermark: local.log.high_watermark(),
-                        log_start_offset: start,
-                        log_end_offset: end,
-                        next_offset: None,
+                    {
+                        let hw = local.log.high_watermark();
+                        FetchData::empty(hw, start, end, hw)
                     }
                 } else {
                     let (offset, max) = (Offset(t.fetch_offset), t.max_bytes.min(budget).max(1));
@@ -880,12 +883,9 @@ impl BrokerNode {
                     match read {
                         Err(LogError::NotCached) => {
                             not_cached = true;
-                            FetchData {
-                                records: bytes::Bytes::new(),
-                                high_watermark: local.log.high_watermark(),
-                                log_start_offset: start,
-                                log_end_offset: end,
-                                next_offset: None,
+                            {
+                                let hw = local.log.high_watermark();
+                                FetchData::empty(hw, start, end, hw)
                             }
                         }
                         r => r.map_err(|e| BrokerError::from_log(&local.name(), e))?,

@@ -389,6 +389,7 @@ impl PushSession {
                         max_bytes: usize::MAX,
                         filter: self.filter.clone(),
                         follower_ok: false,
+                        read_committed: false,
                     };
                     (target, *assignment)
                 })

@@ -19,11 +19,12 @@ use super::push_feed::{PushFeed, PushSettings};
 use crate::api::broker_service::PARTITIONS_PER_REQUEST_MAX;
 use crate::api::proto::broker_client::BrokerClient;
 use crate::api::proto::{
-    record_filter, FetchPartition, FetchRequest, FetchTopic, ListOffsetsPartition,
+    record_filter, FetchPartition, FetchRequest, FetchTopic, IsolationLevel, ListOffsetsPartition,
     ListOffsetsRequest, ListOffsetsTopic, RecordFilter,
 };
 use crate::api::status::code_of;
 use crate::error_code::ErrorCode;
+use crate::record::control::AbortedRanges;
 use crate::record::tag::split_tag;
 
 /// Largest response the consumer accepts (fetches are bounded by `max_bytes` below it).
@@ -96,6 +97,9 @@ pub struct Consumer {
     rack: Option<String>,
     /// Partitions read from their leader until then, after a follower failed them.
     leader_only: BTreeMap<(String, u32), Instant>,
+    /// Read committed: only records of committed transactions (and non-transactional
+    /// ones), up to the last stable offset.
+    read_committed: bool,
 }
 
 /// A server-side filter a consumer subscribes with ([`Consumer::set_filter`]).
@@ -133,7 +137,15 @@ impl Consumer {
             rotation: 0,
             rack: None,
             leader_only: BTreeMap::new(),
+            read_committed: false,
         }
+    }
+
+    /// Kafka's `isolation.level`: `true` reads only committed transactions (records of
+    /// open transactions wait, aborted ones are never returned); `false` (the default)
+    /// reads everything below the high watermark. Push mode reads uncommitted.
+    pub fn set_read_committed(&mut self, on: bool) {
+        self.read_committed = on;
     }
 
     /// The consumer's rack (Kafka's `client.rack`): partitions whose leader is in another
@@ -371,6 +383,11 @@ impl Consumer {
                 raw_batches: true,
                 filter: self.filter.clone(),
                 read_from_follower: !followed.is_empty(),
+                isolation: if self.read_committed {
+                    IsolationLevel::ReadCommitted as i32
+                } else {
+                    IsolationLevel::ReadUncommitted as i32
+                },
             };
             tasks.spawn(async move {
                 let r = BrokerClient::new(channel)
@@ -427,9 +444,16 @@ impl Consumer {
                         return Err(e);
                     }
                     let key = (t.topic.clone(), p.partition);
-                    let decoded = crate::record::decode_data_records_shared(
+                    let aborted = AbortedRanges::new(
+                        p.aborted_transactions
+                            .iter()
+                            .map(|a| (a.producer_id, a.first_offset, a.last_offset))
+                            .collect(),
+                    );
+                    let decoded = crate::record::decode_shared_records_skipping(
                         &p.record_batches,
                         crate::partition::MAX_UNCOMPRESSED_BATCH_BYTES,
+                        |h| aborted.is_aborted(h),
                     )
                     .map_err(|e| {
                         ClientError::new(ErrorCode::CorruptMessage, format!("fetched batch: {e}"))

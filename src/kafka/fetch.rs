@@ -1,8 +1,8 @@
 //! Fetch: one long-polling read over every named partition through the broker's fetch
 //! (max wait, min bytes, response and per-partition byte limits), returning the stored
-//! batches unchanged. Topics are named by id from v13. Read-committed reads see the
-//! same records as read-uncommitted ones: without transactions the last stable offset is
-//! the high watermark and no transaction is ever aborted.
+//! batches unchanged. Topics are named by id from v13. Read-committed reads (isolation
+//! level 1) stop at the last stable offset and carry the aborted transactions overlapping
+//! the returned batches, which the client drops (its markers come with the batches).
 //!
 //! Fetch from a follower (KIP-392): from v11 a consumer's fetch may be served by an
 //! in-sync follower (up to the high watermark it knows), and a leader asked by a consumer
@@ -18,8 +18,10 @@
 use std::time::Duration;
 
 use kafka_protocol::error::ResponseError;
-use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
-use kafka_protocol::messages::{BrokerId, FetchRequest, FetchResponse, TopicName};
+use kafka_protocol::messages::fetch_response::{
+    AbortedTransaction, FetchableTopicResponse, PartitionData,
+};
+use kafka_protocol::messages::{BrokerId, FetchRequest, FetchResponse, ProducerId, TopicName};
 use kafka_protocol::protocol::StrBytes;
 
 use super::errors::kafka_code;
@@ -143,6 +145,7 @@ impl KafkaHandler {
                     },
                     filter: None,
                     follower_ok: version >= 11,
+                    read_committed: r.isolation_level == 1,
                 });
             }
             topics.push((entry, slots));
@@ -183,9 +186,18 @@ impl KafkaHandler {
                                 Some(Ok(d)) => PartitionData::default()
                                     .with_partition_index(index)
                                     .with_high_watermark(d.high_watermark.as_i64())
-                                    .with_last_stable_offset(d.high_watermark.as_i64())
+                                    .with_last_stable_offset(d.last_stable_offset.as_i64())
                                     .with_log_start_offset(d.log_start_offset.as_i64())
-                                    .with_aborted_transactions(Some(Vec::new()))
+                                    .with_aborted_transactions(Some(
+                                        d.aborted_transactions
+                                            .iter()
+                                            .map(|a| {
+                                                AbortedTransaction::default()
+                                                    .with_producer_id(ProducerId(a.producer_id))
+                                                    .with_first_offset(a.first_offset as i64)
+                                            })
+                                            .collect(),
+                                    ))
                                     .with_preferred_read_replica(BrokerId(
                                         preferred_replicas[i].map_or(-1, |b| b.0),
                                     ))

@@ -20,8 +20,10 @@ use super::damage::{DamageKind, DamagedRange};
 use super::epoch_cache::LeaderEpochCache;
 use super::group_commit::GroupCommit;
 use super::loader::{self, segment_config, DirLock, OffsetsCheckpoint, CLEAN_SHUTDOWN_FILE};
-use super::producer_state::{self, ProducerBatch, ProducerStateTable, SequenceCheck};
+use super::producer_state::{self, AbortedTxn, ProducerBatch, ProducerStateTable, SequenceCheck};
 use super::retention::{segments_to_delete, SegmentSummary};
+use super::txn_index::AbortedIndex;
+use crate::record::control::{decode_marker, marker_batch, ControlMarker};
 mod filtered;
 
 use super::validate::{validate_batches, BatchMeta};
@@ -54,6 +56,10 @@ pub enum Isolation {
     HighWatermark,
     /// Followers: everything up to the log end.
     LogEnd,
+    /// Read-committed consumers: only batches wholly below the last stable offset (the
+    /// first offset of the earliest open transaction, capped by the high watermark); the
+    /// read also returns the aborted transactions overlapping what it read.
+    Committed,
 }
 
 /// How a read may go about it ([`PartitionLog::read_with`]).
@@ -93,6 +99,32 @@ pub struct FetchData {
     /// Set by filtered reads: where the next read continues (every record below it was
     /// returned or filtered out). Plain reads continue after their last batch.
     pub next_offset: Option<Offset>,
+    /// Last stable offset when the read was planned (the high watermark when no
+    /// transaction is open).
+    pub last_stable_offset: Offset,
+    /// [`Isolation::Committed`] reads: the aborted transactions overlapping the returned
+    /// records, ordered by marker; the consumer drops their records.
+    pub aborted_transactions: Vec<AbortedTxn>,
+}
+
+impl FetchData {
+    /// No records, with the log's offsets.
+    pub fn empty(
+        high_watermark: Offset,
+        log_start_offset: Offset,
+        log_end_offset: Offset,
+        last_stable_offset: Offset,
+    ) -> Self {
+        Self {
+            records: Bytes::new(),
+            high_watermark,
+            log_start_offset,
+            log_end_offset,
+            next_offset: None,
+            last_stable_offset,
+            aborted_transactions: Vec::new(),
+        }
+    }
 }
 
 /// What one retention pass deleted.
@@ -113,6 +145,8 @@ struct LogState {
     high_watermark: u64,
     epochs: LeaderEpochCache,
     producers: ProducerStateTable,
+    /// Aborted transactions, per segment (the `.txnindex` files).
+    aborted: AbortedIndex,
     /// The producer table changed since its snapshot was written.
     producers_dirty: bool,
     unflushed_messages: u64,
@@ -144,6 +178,21 @@ impl LogState {
         self.active().next_offset()
     }
 
+    /// The first offset of the earliest open transaction, capped by the high watermark.
+    fn last_stable_offset(&self) -> u64 {
+        self.producers
+            .first_unstable_offset()
+            .map_or(self.high_watermark, |o| o.min(self.high_watermark))
+    }
+
+    /// The base offset of the segment holding `offset`.
+    fn segment_base_of(&self, offset: u64) -> u64 {
+        self.segments
+            .range(..=offset)
+            .next_back()
+            .map_or(0, |(b, _)| *b)
+    }
+
     /// The segment holding `offset`, skipping segments that end at or before it.
     /// The offsets a read from `offset` reports (no records yet) and the offset it may not
     /// pass; `OffsetOutOfRange` outside `[log start, log end]`.
@@ -156,16 +205,25 @@ impl LogState {
                 log_end_offset: log_end,
             });
         }
+        let last_stable = self.last_stable_offset();
+        let bound = match isolation {
+            Isolation::HighWatermark => self.high_watermark,
+            Isolation::LogEnd => log_end,
+            Isolation::Committed => last_stable,
+        };
+        let aborted_transactions = if isolation == Isolation::Committed && offset < bound {
+            self.aborted.overlapping(offset, bound)
+        } else {
+            Vec::new()
+        };
         let data = FetchData {
             records: Bytes::new(),
             high_watermark: Offset(self.high_watermark),
             log_start_offset: Offset(self.log_start_offset),
             log_end_offset: Offset(log_end),
             next_offset: None,
-        };
-        let bound = match isolation {
-            Isolation::HighWatermark => self.high_watermark,
-            Isolation::LogEnd => log_end,
+            last_stable_offset: Offset(last_stable),
+            aborted_transactions,
         };
         Ok((data, bound))
     }
@@ -323,6 +381,16 @@ impl PartitionLog {
             table.truncate_to(end.0);
         }
         let mut next = Offset(from.clamp(start.0, end.0));
+        // Aborts at or after the replay's start are written again as it meets them.
+        let mut aborts: Vec<AbortedTxn> = Vec::new();
+        {
+            let mut state = self.write_state();
+            let r = state
+                .aborted
+                .truncate_from(&self.dir, next.0)
+                .map_err(|e| LogError::io(&self.dir, e));
+            self.step(&mut state, r)?;
+        }
         while next < end {
             let data = match self.read(next, 1 << 20, Isolation::LogEnd) {
                 Ok(data) => data,
@@ -338,16 +406,31 @@ impl PartitionLog {
                 let h = batch.header();
                 last = Some(h.last_offset() as u64);
                 if h.producer_id >= 0 && h.last_offset() as u64 >= next.0 {
-                    table.record(
-                        h.producer_id,
-                        h.producer_epoch,
-                        ProducerBatch {
-                            first_seq: h.base_sequence,
-                            last_seq: h.base_sequence.wrapping_add(h.last_offset_delta),
-                            first_offset: h.base_offset as u64,
-                            last_offset: h.last_offset() as u64,
-                        },
-                    );
+                    let marker = if h.is_control() {
+                        match decode_marker(&batch) {
+                            Ok(m) => Some(m),
+                            Err(e) => {
+                                tracing::warn!(partition = %self.name, offset = h.base_offset, error = %e, "skipping an undecodable transaction marker");
+                                continue;
+                            }
+                        }
+                    } else {
+                        None
+                    };
+                    let meta = BatchMeta {
+                        position: 0,
+                        offset_span: h.last_offset_delta as u64 + 1,
+                        record_count: h.record_count as u64,
+                        max_timestamp: h.max_timestamp,
+                        base_offset: h.base_offset as u64,
+                        partition_leader_epoch: h.partition_leader_epoch,
+                        producer_id: h.producer_id,
+                        producer_epoch: h.producer_epoch,
+                        base_sequence: h.base_sequence,
+                        transactional: h.is_transactional(),
+                        marker,
+                    };
+                    aborts.extend(apply_to_table(&mut table, &meta, h.base_offset as u64));
                 }
             }
             match last {
@@ -360,7 +443,15 @@ impl PartitionLog {
         }
         let mut state = self.write_state();
         state.producers = table;
-        state.producers_dirty = false;
+        state.producers_dirty = !aborts.is_empty();
+        for entry in aborts {
+            let base = state.segment_base_of(entry.last_offset);
+            let r = state
+                .aborted
+                .append(&self.dir, base, entry)
+                .map_err(|e| LogError::io(&self.dir, e));
+            self.step(&mut state, r)?;
+        }
         Ok(())
     }
 
@@ -371,6 +462,8 @@ impl PartitionLog {
         lock: &DirLock,
     ) -> Result<Self, LogError> {
         let loaded = loader::load(dir, &config, lock)?;
+        let bases: Vec<u64> = loaded.segments.keys().copied().collect();
+        let aborted = AbortedIndex::load(dir, &bases).map_err(|e| LogError::io(dir, e))?;
         let name = dir
             .file_name()
             .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
@@ -392,6 +485,7 @@ impl PartitionLog {
                 high_watermark: loaded.high_watermark,
                 epochs: loaded.epochs,
                 producers: ProducerStateTable::default(),
+                aborted,
                 producers_dirty: false,
                 unflushed_messages: 0,
                 last_flush_ms: now,
@@ -715,7 +809,7 @@ impl PartitionLog {
         }
         let info = self.write_locked(&mut state, batches, metas, &validated.tags, first, next)?;
         for (meta, base) in metas.iter().zip(bases) {
-            Self::record_producer(&mut state, meta, base);
+            self.record_producer(&mut state, meta, base)?;
         }
         Ok((info, self.after_append(state, next)))
     }
@@ -759,7 +853,7 @@ impl PartitionLog {
         }
         let info = self.write_locked(&mut state, batches, metas, &validated.tags, first, next)?;
         for meta in metas {
-            Self::record_producer(&mut state, meta, meta.base_offset);
+            self.record_producer(&mut state, meta, meta.base_offset)?;
         }
         if let Some(target) = self.after_append(state, next) {
             self.wait_durable(target)?;
@@ -779,12 +873,20 @@ impl PartitionLog {
         for meta in metas.iter().filter(|m| m.producer_id >= 0) {
             let table = scratch.as_ref().unwrap_or(&state.producers);
             let last_seq = meta.base_sequence.wrapping_add(meta.offset_span as i32 - 1);
-            match table.check(
+            let check = table.check(
                 meta.producer_id,
                 meta.producer_epoch,
                 meta.base_sequence,
                 last_seq,
-            )? {
+            )?;
+            if check == SequenceCheck::Append {
+                table.check_transactional(
+                    meta.producer_id,
+                    meta.producer_epoch,
+                    meta.transactional,
+                )?;
+            }
+            match check {
                 SequenceCheck::Duplicate(b) => duplicates.push(b),
                 SequenceCheck::Append if metas.len() > 1 => {
                     // Later batches of the same request are checked against this one.
@@ -799,6 +901,9 @@ impl PartitionLog {
                             last_offset: 0,
                         },
                     );
+                    if meta.transactional {
+                        table.record_transactional(meta.producer_id, 0);
+                    }
                 }
                 SequenceCheck::Append => {}
             }
@@ -823,22 +928,95 @@ impl PartitionLog {
         }))
     }
 
-    /// Records a producer's batch about to be written at `base_offset`.
-    fn record_producer(state: &mut LogState, meta: &BatchMeta, base_offset: u64) {
+    /// Records a producer's batch written at `base_offset` (and an abort in the
+    /// aborted-transaction index).
+    fn record_producer(
+        &self,
+        state: &mut LogState,
+        meta: &BatchMeta,
+        base_offset: u64,
+    ) -> Result<(), LogError> {
         if meta.producer_id < 0 {
-            return;
+            return Ok(());
         }
         state.producers_dirty = true;
-        state.producers.record(
-            meta.producer_id,
-            meta.producer_epoch,
-            ProducerBatch {
-                first_seq: meta.base_sequence,
-                last_seq: meta.base_sequence.wrapping_add(meta.offset_span as i32 - 1),
-                first_offset: base_offset,
-                last_offset: base_offset + meta.offset_span - 1,
-            },
-        );
+        let aborted = apply_to_table(&mut state.producers, meta, base_offset);
+        if let Some(entry) = aborted {
+            let base = state.segment_base_of(entry.last_offset);
+            let r = state
+                .aborted
+                .append(&self.dir, base, entry)
+                .map_err(|e| LogError::io(&self.dir, e));
+            self.step(state, r)?;
+        }
+        Ok(())
+    }
+
+    /// Appends the marker ending `producer_id`'s transaction as the leader (only the
+    /// transaction coordinator calls this). Like
+    /// [`PartitionLog::append_as_leader_deferred`], it returns the offset to make durable
+    /// when the flush policy wants it. A marker of an older producer epoch or coordinator
+    /// epoch than the partition has seen is refused.
+    pub fn append_marker_deferred(
+        &self,
+        producer_id: i64,
+        producer_epoch: i16,
+        marker: ControlMarker,
+        leader_epoch: LeaderEpoch,
+    ) -> Result<(AppendInfo, Option<u64>), LogError> {
+        let mut batch = marker_batch(producer_id, producer_epoch, marker, self.clock.now_ms());
+        let validated = validate_batches(&batch, usize::MAX, false)?;
+        let mut state = self.write_state();
+        self.check_online(&state)?;
+        state
+            .producers
+            .check_marker(producer_id, producer_epoch, marker.coordinator_epoch)?;
+        let first = state.log_end_offset();
+        set_base_offset(&mut batch, first as i64);
+        set_partition_leader_epoch(&mut batch, leader_epoch.0);
+        if state.epochs.assign(leader_epoch, Offset(first)) {
+            self.persist_epochs_locked(&mut state)?;
+        }
+        let metas = &validated.metas;
+        let info = self.write_locked(&mut state, &batch, metas, &[], first, first + 1)?;
+        self.record_producer(&mut state, &metas[0], first)?;
+        Ok((info, self.after_append(state, first + 1)))
+    }
+
+    /// [`PartitionLog::append_marker_deferred`], waiting for the flush policy.
+    pub fn append_marker(
+        &self,
+        producer_id: i64,
+        producer_epoch: i16,
+        marker: ControlMarker,
+        leader_epoch: LeaderEpoch,
+    ) -> Result<AppendInfo, LogError> {
+        let (info, durable) =
+            self.append_marker_deferred(producer_id, producer_epoch, marker, leader_epoch)?;
+        if let Some(target) = durable {
+            self.wait_durable(target)?;
+        }
+        Ok(info)
+    }
+
+    /// The last stable offset: below it, no transaction is open.
+    pub fn last_stable_offset(&self) -> Offset {
+        Offset(self.state.read().last_stable_offset())
+    }
+
+    /// Open transactions: (first offset, producer id), earliest first.
+    pub fn open_transactions(&self) -> Vec<(Offset, i64)> {
+        self.state
+            .read()
+            .producers
+            .open_transactions()
+            .map(|(o, p)| (Offset(o), p))
+            .collect()
+    }
+
+    /// The aborted transactions whose markers lie in the segment at `base` (`dump-log`).
+    pub fn aborted_transactions_of_segment(&self, base: Offset) -> Vec<AbortedTxn> {
+        self.state.read().aborted.entries_of(base.0).to_vec()
     }
 
     /// Rolls if needed and writes validated, numbered batches (with their tagged records)
@@ -1114,6 +1292,8 @@ impl PartitionLog {
             log_start_offset: Offset(state.log_start_offset),
             log_end_offset: Offset(state.log_end_offset()),
             next_offset: None,
+            last_stable_offset: Offset(state.last_stable_offset()),
+            aborted_transactions: Vec::new(),
         })
     }
 
@@ -1203,6 +1383,14 @@ impl PartitionLog {
             return Ok(None);
         }
         buf.truncate(keep);
+        if !data.aborted_transactions.is_empty() {
+            // Only the transactions overlapping the returned batches.
+            let end = BatchIter::new(&buf)
+                .filter_map(Result::ok)
+                .last()
+                .map_or(offset, |b| b.header().last_offset() as u64 + 1);
+            data.aborted_transactions.retain(|a| a.first_offset < end);
+        }
         data.records = Bytes::from(buf);
         Ok(Some(data))
     }
@@ -1307,6 +1495,11 @@ impl PartitionLog {
             .next()
             .expect("the active segment remains");
         state.log_start_offset = state.log_start_offset.max(new_start);
+        let r = state
+            .aborted
+            .drop_segments_below(&self.dir, new_start)
+            .map_err(|e| LogError::io(&self.dir, e));
+        self.step(&mut state, r)?;
         let log_start = state.log_start_offset;
         outcome.log_start_offset = Offset(log_start);
         if state.epochs.truncate_from_start(Offset(log_start)) {
@@ -1390,6 +1583,11 @@ impl PartitionLog {
         let end = state.log_end_offset();
         state.high_watermark = state.high_watermark.min(end);
         state.producers.truncate_to(end);
+        let r = state
+            .aborted
+            .truncate_from(&self.dir, end)
+            .map_err(|e| LogError::io(&self.dir, e));
+        self.step(&mut state, r)?;
         // The snapshot on disk may cover the removed records: replace it now, or a crash
         // after the log grows past it again would restore their producers.
         let r = self.save_producers_locked(&mut state);
@@ -1480,6 +1678,11 @@ impl PartitionLog {
         state.active_created_ms = self.clock.now_ms();
         state.epochs.clear();
         state.producers.clear();
+        let r = state
+            .aborted
+            .clear(&self.dir)
+            .map_err(|e| LogError::io(&self.dir, e));
+        self.step(&mut state, r)?;
         let r = self.save_producers_locked(&mut state);
         self.step(&mut state, r)?;
         self.group_commit.reset(offset.0);
@@ -1561,6 +1764,14 @@ impl PartitionLog {
                 return Ok(());
             }
             let generation = self.generation.load(Ordering::Acquire);
+            // The snapshot covers the aborts below its offset: their entries must be on
+            // disk first (recovery rebuilds only those at or after it).
+            let dir = self.dir.clone();
+            let r = state
+                .aborted
+                .sync(&dir)
+                .map_err(|e| LogError::io(&self.dir, e));
+            self.step(&mut state, r)?;
             (state.producers.clone(), state.log_end_offset(), generation)
         };
         let (table, end, generation) = taken;
@@ -1579,6 +1790,10 @@ impl PartitionLog {
 
     /// Writes the producer-state snapshot under the write lock (truncations, close).
     fn save_producers_locked(&self, state: &mut LogState) -> Result<(), LogError> {
+        state
+            .aborted
+            .sync(&self.dir)
+            .map_err(|e| LogError::io(&self.dir, e))?;
         let _io = self.snapshot_io.lock();
         producer_state::save_snapshot(&self.dir, &state.producers, state.log_end_offset())
             .map_err(|e| LogError::io(&self.dir, e))?;
@@ -1617,6 +1832,32 @@ impl PartitionLog {
 
 /// The batches `[batch_from, batch_to)` (and their tags `[tag_from, tag_to)`) that fit
 /// `room` tag-index entries: the next chunk of an append.
+/// Applies one batch of a producer (a data batch or a marker) written at `base_offset`
+/// to `table`; an abort marker returns its index entry.
+fn apply_to_table(
+    table: &mut ProducerStateTable,
+    meta: &BatchMeta,
+    base_offset: u64,
+) -> Option<AbortedTxn> {
+    if let Some(marker) = meta.marker {
+        return table.record_marker(meta.producer_id, meta.producer_epoch, marker, base_offset);
+    }
+    table.record(
+        meta.producer_id,
+        meta.producer_epoch,
+        ProducerBatch {
+            first_seq: meta.base_sequence,
+            last_seq: meta.base_sequence.wrapping_add(meta.offset_span as i32 - 1),
+            first_offset: base_offset,
+            last_offset: base_offset + meta.offset_span - 1,
+        },
+    );
+    if meta.transactional {
+        table.record_transactional(meta.producer_id, base_offset);
+    }
+    None
+}
+
 fn tag_chunk(
     tags: &[TagMark],
     batch_from: usize,

@@ -32,6 +32,7 @@ mod log;
 pub mod producer_state;
 pub mod repair;
 mod retention;
+pub mod txn_index;
 mod validate;
 
 use std::path::PathBuf;
@@ -41,6 +42,7 @@ pub use damage::{DamageKind, DamageReport, DamagedRange};
 pub use epoch_cache::{EpochEntry, LeaderEpochCache};
 pub use loader::{lock_data_dir, DirLock};
 pub use log::{AppendInfo, FetchData, Isolation, PartitionLog, ReadOptions, RetentionOutcome};
+pub use producer_state::AbortedTxn;
 pub use retention::{segments_to_delete, SegmentSummary};
 pub use validate::MAX_UNCOMPRESSED_BATCH_BYTES;
 
@@ -96,8 +98,8 @@ pub enum LogError {
         /// What is wrong.
         reason: String,
     },
-    /// A well-formed client batch breaks a record rule (a negative timestamp, the
-    /// transactional or control attribute); nothing was written.
+    /// A well-formed client batch breaks a record rule (a negative timestamp, the control
+    /// attribute, the transactional one without a producer); nothing was written.
     #[error("record batch refused: {reason}")]
     RefusedRecord {
         /// Which rule, naming the batch, record and field.
@@ -206,3 +208,5 @@ impl From<SegmentError> for LogError {
 mod filter_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod txn_tests;

@@ -14,8 +14,16 @@
 //! new leader dedupes retries of batches its predecessor wrote. It is saved as
 //! `producer-state.snapshot` (with the log offset it covers) at checkpoints, and rebuilt at
 //! open by replaying batches after that offset.
+//!
+//! Transactions (Kafka's rules): a producer's first transactional batch opens its
+//! transaction at that batch's offset; a marker (control batch, written only by the
+//! coordinator) closes it. A marker's epoch may be newer than the producer's (the
+//! coordinator fenced it): the entry takes the new epoch and the old one is fenced. The
+//! first offset of the earliest open transaction bounds what read-committed consumers
+//! see ([`ProducerStateTable::first_unstable_offset`]); an abort yields an
+//! [`AbortedTxn`] for the partition's aborted-transaction index.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -47,6 +55,46 @@ pub struct ProducerEntry {
     pub epoch: i16,
     /// Its last batches, oldest first.
     pub batches: VecDeque<ProducerBatch>,
+    /// First offset of its open transaction in this partition.
+    #[serde(default)]
+    pub txn_first_offset: Option<u64>,
+    /// Its last finished transaction, so a truncation that cuts the marker off opens the
+    /// transaction again (a marker above the high watermark can be truncated; only the
+    /// last one, because the coordinator waits for each marker to commit).
+    #[serde(default)]
+    pub last_txn: Option<FinishedTxn>,
+    /// Epoch of the coordinator that wrote its last marker (-1: none).
+    #[serde(default = "no_coordinator_epoch")]
+    pub coordinator_epoch: i32,
+}
+
+fn no_coordinator_epoch() -> i32 {
+    -1
+}
+
+/// A finished transaction of one producer in one partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FinishedTxn {
+    /// Offset of its first record.
+    pub first_offset: u64,
+    /// Offset of its marker.
+    pub marker_offset: u64,
+    /// Committed (true) or aborted.
+    pub committed: bool,
+}
+
+/// An aborted transaction, as the aborted-transaction index keeps it (Kafka's
+/// `.txnindex` entry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AbortedTxn {
+    /// Its producer.
+    pub producer_id: i64,
+    /// Offset of its first record.
+    pub first_offset: u64,
+    /// Offset of its abort marker.
+    pub last_offset: u64,
+    /// The last stable offset right after the abort.
+    pub last_stable_offset: u64,
 }
 
 /// The verdict on an incoming batch.
@@ -93,6 +141,24 @@ pub enum SequenceError {
         /// The batch's first sequence.
         got: i32,
     },
+    /// A batch or marker does not fit the producer's transaction state.
+    #[error("producer {producer_id}: {reason}")]
+    InvalidTxnState {
+        /// The producer id.
+        producer_id: i64,
+        /// What does not fit.
+        reason: String,
+    },
+    /// A marker comes from an older coordinator than the last marker did.
+    #[error("producer {producer_id}: marker from coordinator epoch {got}, but coordinator epoch {current} wrote the last one")]
+    CoordinatorFenced {
+        /// The producer id.
+        producer_id: i64,
+        /// The last marker's coordinator epoch.
+        current: i32,
+        /// This marker's.
+        got: i32,
+    },
 }
 
 /// The next sequence after `seq` (wrapping like Kafka's).
@@ -108,6 +174,9 @@ pub fn next_sequence(seq: i32) -> i32 {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProducerStateTable {
     producers: HashMap<i64, ProducerEntry>,
+    /// Open transactions by first offset (derived from `producers`).
+    #[serde(skip)]
+    open: BTreeSet<(u64, i64)>,
 }
 
 impl ProducerStateTable {
@@ -159,15 +228,38 @@ impl ProducerStateTable {
         }
     }
 
+    /// Checks that a new (not duplicate) batch fits the producer's transaction state: a
+    /// producer with an open transaction writes only transactional batches in it.
+    pub fn check_transactional(
+        &self,
+        producer_id: i64,
+        epoch: i16,
+        transactional: bool,
+    ) -> Result<(), SequenceError> {
+        let Some(entry) = self.producers.get(&producer_id) else {
+            return Ok(());
+        };
+        match entry.txn_first_offset {
+            Some(first) if !transactional => Err(SequenceError::InvalidTxnState {
+                producer_id,
+                reason: format!(
+                    "a non-transactional batch while its transaction from offset {first} is open"
+                ),
+            }),
+            Some(first) if epoch != entry.epoch => Err(SequenceError::InvalidTxnState {
+                producer_id,
+                reason: format!(
+                    "a batch at epoch {epoch} while its transaction of epoch {} from offset {first} is open (the coordinator ends it first)",
+                    entry.epoch
+                ),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// Records an appended batch.
     pub fn record(&mut self, producer_id: i64, epoch: i16, batch: ProducerBatch) {
-        let entry = self
-            .producers
-            .entry(producer_id)
-            .or_insert_with(|| ProducerEntry {
-                epoch,
-                batches: VecDeque::new(),
-            });
+        let entry = self.entry(producer_id, epoch);
         if epoch != entry.epoch {
             entry.epoch = epoch;
             entry.batches.clear();
@@ -178,17 +270,143 @@ impl ProducerStateTable {
         }
     }
 
-    /// Forgets batches at or above `offset` (the log was truncated there).
+    fn entry(&mut self, producer_id: i64, epoch: i16) -> &mut ProducerEntry {
+        self.producers
+            .entry(producer_id)
+            .or_insert_with(|| ProducerEntry {
+                epoch,
+                batches: VecDeque::new(),
+                txn_first_offset: None,
+                last_txn: None,
+                coordinator_epoch: -1,
+            })
+    }
+
+    /// Records an appended transactional batch starting at `first_offset` (after
+    /// [`ProducerStateTable::record`]): it opens the producer's transaction unless one is
+    /// open.
+    pub fn record_transactional(&mut self, producer_id: i64, first_offset: u64) {
+        let Some(entry) = self.producers.get_mut(&producer_id) else {
+            return;
+        };
+        if entry.txn_first_offset.is_none() {
+            entry.txn_first_offset = Some(first_offset);
+            self.open.insert((first_offset, producer_id));
+        }
+    }
+
+    /// Checks a marker of `producer_id` at `epoch` from coordinator epoch
+    /// `coordinator_epoch`: an older producer epoch or coordinator epoch is fenced.
+    pub fn check_marker(
+        &self,
+        producer_id: i64,
+        epoch: i16,
+        coordinator_epoch: i32,
+    ) -> Result<(), SequenceError> {
+        let Some(entry) = self.producers.get(&producer_id) else {
+            return Ok(());
+        };
+        if epoch < entry.epoch {
+            return Err(SequenceError::FencedEpoch {
+                producer_id,
+                current: entry.epoch,
+                got: epoch,
+            });
+        }
+        if coordinator_epoch < entry.coordinator_epoch {
+            return Err(SequenceError::CoordinatorFenced {
+                producer_id,
+                current: entry.coordinator_epoch,
+                got: coordinator_epoch,
+            });
+        }
+        Ok(())
+    }
+
+    /// Records a marker written at `offset`: it closes the producer's open transaction
+    /// (an abort returns the index entry) and takes a newer epoch.
+    pub fn record_marker(
+        &mut self,
+        producer_id: i64,
+        epoch: i16,
+        marker: crate::record::control::ControlMarker,
+        offset: u64,
+    ) -> Option<AbortedTxn> {
+        let entry = self.entry(producer_id, epoch);
+        if epoch > entry.epoch {
+            entry.epoch = epoch;
+            entry.batches.clear();
+        }
+        entry.coordinator_epoch = entry.coordinator_epoch.max(marker.coordinator_epoch);
+        let first = entry.txn_first_offset.take()?;
+        entry.last_txn = Some(FinishedTxn {
+            first_offset: first,
+            marker_offset: offset,
+            committed: marker.commit,
+        });
+        self.open.remove(&(first, producer_id));
+        (!marker.commit).then(|| AbortedTxn {
+            producer_id,
+            first_offset: first,
+            last_offset: offset,
+            last_stable_offset: self
+                .first_unstable_offset()
+                .map_or(offset + 1, |o| o.min(offset + 1)),
+        })
+    }
+
+    /// First offset of the earliest open transaction.
+    pub fn first_unstable_offset(&self) -> Option<u64> {
+        self.open.first().map(|(o, _)| *o)
+    }
+
+    /// Open transactions: (first offset, producer id), earliest first.
+    pub fn open_transactions(&self) -> impl Iterator<Item = (u64, i64)> + '_ {
+        self.open.iter().copied()
+    }
+
+    /// The entry of `producer_id`.
+    pub fn get(&self, producer_id: i64) -> Option<&ProducerEntry> {
+        self.producers.get(&producer_id)
+    }
+
+    /// Forgets batches at or above `offset` (the log was truncated there): transactions
+    /// opened there are gone, and one whose marker was cut off is open again.
     pub fn truncate_to(&mut self, offset: u64) {
         for entry in self.producers.values_mut() {
             entry.batches.retain(|b| b.first_offset < offset);
+            if entry.txn_first_offset.is_some_and(|f| f >= offset) {
+                entry.txn_first_offset = None;
+            }
+            if let Some(t) = entry.last_txn.filter(|t| t.marker_offset >= offset) {
+                entry.last_txn = None;
+                if t.first_offset < offset {
+                    entry.txn_first_offset = Some(t.first_offset);
+                }
+            }
         }
-        self.producers.retain(|_, e| !e.batches.is_empty());
+        self.producers.retain(|_, e| {
+            !e.batches.is_empty()
+                || e.txn_first_offset.is_some()
+                || e.last_txn.is_some()
+                || e.coordinator_epoch >= 0
+        });
+        self.reindex();
+    }
+
+    /// Rebuilds the open-transaction index from the entries.
+    fn reindex(&mut self) {
+        self.open = self
+            .producers
+            .iter()
+            .filter_map(|(id, e)| e.txn_first_offset.map(|f| (f, *id)))
+            .collect();
     }
 
     /// Forgets everything (the log restarted empty).
     pub fn clear(&mut self) {
         self.producers.clear();
+        self.open.clear();
     }
 
     /// Number of producers known.
@@ -230,7 +448,10 @@ pub fn save_snapshot(dir: &Path, table: &ProducerStateTable, offset: u64) -> io:
 pub fn load_snapshot(dir: &Path) -> Option<(ProducerStateTable, u64)> {
     let bytes = std::fs::read(snapshot_path(dir)).ok()?;
     match serde_json::from_slice::<Snapshot>(&bytes) {
-        Ok(s) => Some((s.table, s.offset)),
+        Ok(mut s) => {
+            s.table.reindex();
+            Some((s.table, s.offset))
+        }
         Err(e) => {
             tracing::warn!(dir = %dir.display(), error = %e, "unreadable producer-state snapshot; rebuilding from the log");
             None

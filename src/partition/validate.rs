@@ -10,9 +10,11 @@
 //! its log exactly.
 //!
 //! A client batch must also keep the record rules ([`LogError::RefusedRecord`]): no
-//! control or transactional attribute (transactions are not supported yet), and no
-//! negative timestamp, in any record or in `max_timestamp`.
+//! control attribute (only the transaction coordinator writes markers), the transactional
+//! attribute only with a producer id and epoch, and no negative timestamp, in any record
+//! or in `max_timestamp`.
 
+use crate::record::control::{decode_marker, ControlMarker};
 use crate::record::delay::is_delay_header;
 use crate::record::tag::{record_tag_hash, TagMark};
 use crate::record::{peek_total_size, RecordBatch, RecordError, LOG_OVERHEAD};
@@ -42,6 +44,10 @@ pub struct BatchMeta {
     pub producer_epoch: i16,
     /// Sequence of the first record.
     pub base_sequence: i32,
+    /// Written inside a transaction.
+    pub transactional: bool,
+    /// The marker of a control batch.
+    pub marker: Option<ControlMarker>,
 }
 
 /// What validation learned about a request's batches.
@@ -157,10 +163,10 @@ pub fn validate_batches(
                         .into(),
                 ));
             }
-            if h.is_transactional() {
+            if h.is_transactional() && (h.producer_id < 0 || h.producer_epoch < 0) {
                 return Err(refused(format!(
-                    "the transactional attribute (bit 4) is set (producer id {}); transactions are not supported yet",
-                    h.producer_id
+                    "the transactional attribute (bit 4) is set without a producer (id {}, epoch {}); transactional batches need the id and epoch InitProducerId gave",
+                    h.producer_id, h.producer_epoch
                 )));
             }
             if let Some((index, timestamp)) = negative_timestamp {
@@ -175,6 +181,11 @@ pub fn validate_batches(
                 )));
             }
         }
+        let marker = if h.is_control() {
+            Some(decode_marker(&batch).map_err(|e| invalid(e.to_string()))?)
+        } else {
+            None
+        };
         metas.push(BatchMeta {
             position,
             offset_span: h.last_offset_delta as u64 + 1,
@@ -185,6 +196,8 @@ pub fn validate_batches(
             producer_id: h.producer_id,
             producer_epoch: h.producer_epoch,
             base_sequence: h.base_sequence,
+            transactional: h.is_transactional(),
+            marker,
         });
         position += size;
     }

@@ -40,8 +40,8 @@ pub const CRC_START: usize = 21;
 
 const ATTR_COMPRESSION_MASK: i16 = 0x07;
 const ATTR_TIMESTAMP_TYPE: i16 = 0x08;
-const ATTR_TRANSACTIONAL: i16 = 0x10;
-const ATTR_CONTROL: i16 = 0x20;
+pub(crate) const ATTR_TRANSACTIONAL: i16 = 0x10;
+pub(crate) const ATTR_CONTROL: i16 = 0x20;
 
 /// The fixed header of a batch, decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -504,7 +504,22 @@ pub fn decode_data_records(
     buf: &[u8],
     max_uncompressed_bytes: usize,
 ) -> Result<Vec<super::Record>, RecordError> {
-    decode_data_records_with(buf, max_uncompressed_bytes, |r, _| r.to_record())
+    decode_data_records_with(buf, max_uncompressed_bytes, |_| false, |r, _| r.to_record())
+}
+
+/// [`decode_data_records`] for a read-committed reader: the batches of `aborted`
+/// transactions are left out too.
+pub fn decode_committed_records(
+    buf: &[u8],
+    max_uncompressed_bytes: usize,
+    aborted: &super::control::AbortedRanges,
+) -> Result<Vec<super::Record>, RecordError> {
+    decode_data_records_with(
+        buf,
+        max_uncompressed_bytes,
+        |h| aborted.is_aborted(h),
+        |r, _| r.to_record(),
+    )
 }
 
 /// [`decode_data_records`] without copying: records of uncompressed batches share
@@ -514,7 +529,17 @@ pub fn decode_data_records_shared(
     buf: &Bytes,
     max_uncompressed_bytes: usize,
 ) -> Result<Vec<super::Record>, RecordError> {
-    decode_data_records_with(buf, max_uncompressed_bytes, |r, compressed| {
+    decode_shared_records_skipping(buf, max_uncompressed_bytes, |_| false)
+}
+
+/// [`decode_data_records_shared`] leaving out the batches `skip` names (a read-committed
+/// reader's aborted transactions).
+pub fn decode_shared_records_skipping(
+    buf: &Bytes,
+    max_uncompressed_bytes: usize,
+    skip: impl Fn(&BatchHeader) -> bool,
+) -> Result<Vec<super::Record>, RecordError> {
+    decode_data_records_with(buf, max_uncompressed_bytes, skip, |r, compressed| {
         if compressed {
             r.to_record()
         } else {
@@ -526,6 +551,7 @@ pub fn decode_data_records_shared(
 fn decode_data_records_with(
     buf: &[u8],
     max_uncompressed_bytes: usize,
+    skip: impl Fn(&BatchHeader) -> bool,
     record: impl Fn(&RecordView<'_>, bool) -> Record,
 ) -> Result<Vec<super::Record>, RecordError> {
     let mut out = Vec::new();
@@ -533,7 +559,7 @@ fn decode_data_records_with(
     for batch in BatchIter::new(buf) {
         let batch = batch?;
         batch.verify_crc()?;
-        if batch.header().is_control() {
+        if batch.header().is_control() || skip(batch.header()) {
             continue;
         }
         let compressed = batch.header().compression()? != Compression::None;

@@ -1,6 +1,8 @@
 //! Builds a RecordBatch from records: the encoder that mirrors [`super::RecordBatch`].
 
-use super::batch::{BatchHeader, CRC_START, HEADER_LEN, LOG_OVERHEAD, MAGIC};
+use super::batch::{
+    BatchHeader, ATTR_CONTROL, ATTR_TRANSACTIONAL, CRC_START, HEADER_LEN, LOG_OVERHEAD, MAGIC,
+};
 use super::record_codec::{encode_record, RecordRef};
 use super::{Compression, RecordError};
 
@@ -21,6 +23,8 @@ pub struct BatchBuilder {
     producer_epoch: i16,
     base_sequence: i32,
     partition_leader_epoch: i32,
+    /// Transactional and control attribute bits.
+    flags: i16,
 }
 
 impl BatchBuilder {
@@ -37,6 +41,7 @@ impl BatchBuilder {
             producer_epoch: -1,
             base_sequence: -1,
             partition_leader_epoch: -1,
+            flags: 0,
         }
     }
 
@@ -54,6 +59,22 @@ impl BatchBuilder {
         self.producer_id = producer_id;
         self.producer_epoch = producer_epoch;
         self.base_sequence = base_sequence;
+        self
+    }
+
+    /// Marks the batch as written inside a transaction (attribute bit 4).
+    pub fn transactional(mut self, on: bool) -> Self {
+        self.flags = if on {
+            self.flags | ATTR_TRANSACTIONAL
+        } else {
+            self.flags & !ATTR_TRANSACTIONAL
+        };
+        self
+    }
+
+    /// Marks the batch as a control batch (attribute bit 5; transaction markers).
+    pub(crate) fn control(mut self) -> Self {
+        self.flags |= ATTR_CONTROL;
         self
     }
 
@@ -138,7 +159,7 @@ impl BatchBuilder {
             partition_leader_epoch: self.partition_leader_epoch,
             magic: MAGIC,
             crc: 0,
-            attributes: self.compression.attribute(),
+            attributes: self.compression.attribute() | self.flags,
             last_offset_delta: self.last_offset_delta,
             base_timestamp: self.base_timestamp,
             max_timestamp: self.max_timestamp,

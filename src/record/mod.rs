@@ -11,6 +11,7 @@
 mod batch;
 mod builder;
 mod compression;
+pub mod control;
 pub mod delay;
 mod rebatch;
 mod record_codec;
@@ -23,9 +24,10 @@ pub const MAX_UNCOMPRESSED_BATCH_BYTES: usize = 64 << 20;
 pub mod varint;
 
 pub use batch::{
-    compute_crc, count_records, decode_data_records, decode_data_records_shared, peek_total_size,
-    set_base_offset, set_partition_leader_epoch, BatchHeader, BatchIter, RecordBatch, CRC_START,
-    HEADER_LEN, LOG_OVERHEAD, MAGIC,
+    compute_crc, count_records, decode_committed_records, decode_data_records,
+    decode_data_records_shared, decode_shared_records_skipping, peek_total_size, set_base_offset,
+    set_partition_leader_epoch, BatchHeader, BatchIter, RecordBatch, CRC_START, HEADER_LEN,
+    LOG_OVERHEAD, MAGIC,
 };
 pub use builder::BatchBuilder;
 pub use compression::Compression;

@@ -31,8 +31,19 @@ pub fn keep_records(
         out.extend_from_slice(batch.as_bytes());
         return Ok(kept);
     }
-    let mut builder =
-        BatchBuilder::new(Compression::None).partition_leader_epoch(h.partition_leader_epoch);
+    // The producer and transactional flag stay, so a read-committed consumer can still
+    // tell the records of aborted transactions.
+    let sequence = if h.producer_id >= 0 && h.base_sequence >= 0 {
+        h.base_sequence
+            .wrapping_add((base - h.base_offset) as i32)
+            .max(0)
+    } else {
+        -1
+    };
+    let mut builder = BatchBuilder::new(Compression::None)
+        .partition_leader_epoch(h.partition_leader_epoch)
+        .producer(h.producer_id, h.producer_epoch, sequence)
+        .transactional(h.is_transactional());
     batch
         .for_each_record(MAX_UNCOMPRESSED_BATCH_BYTES, |r| {
             if keep(&r) {
