@@ -13,6 +13,8 @@ const PROTOS: &[&str] = &[
     "proto/tidelog/v1/replication.proto",
     "proto/tidelog/v1/groups.proto",
     "proto/tidelog/v1/timer_internal.proto",
+    "proto/tidelog/v1/transactions.proto",
+    "proto/tidelog/v1/txn_internal.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

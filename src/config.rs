@@ -284,6 +284,17 @@ pub struct BrokerConfig {
     /// Most pending scheduled records per `__timers` partition (about 30 bytes of memory
     /// each on its leader).
     pub timers_max_pending_per_partition: usize,
+    /// Partitions of `__transaction_state` when it is created (on first transactional
+    /// use); the leader of `crc32c(transactional id) % N` coordinates the id.
+    pub transaction_state_log_num_partitions: u32,
+    /// Replication factor of `__transaction_state` (capped at the live brokers).
+    pub transaction_state_log_replication_factor: u32,
+    /// Largest transaction timeout a producer may ask for (ms; Kafka's
+    /// `transaction.max.timeout.ms`).
+    pub transaction_max_timeout_ms: u32,
+    /// A transactional id idle this long is forgotten (ms; Kafka's
+    /// `transactional.id.expiration.ms`).
+    pub transactional_id_expiration_ms: u64,
     /// Most connections open at once on the listener.
     pub connections_max: usize,
     /// Longest a new connection may take to open with the HTTP/2 preface (ms).
@@ -346,6 +357,10 @@ impl Default for BrokerConfig {
             timers_topic_replication_factor: 3,
             max_delay_ms: 40 * 24 * 3600 * 1000,
             timers_max_pending_per_partition: 2_000_000,
+            transaction_state_log_num_partitions: 50,
+            transaction_state_log_replication_factor: 3,
+            transaction_max_timeout_ms: 900_000,
+            transactional_id_expiration_ms: 7 * 24 * 3600 * 1000,
             connections_max: 10_000,
             connection_handshake_timeout_ms: 10_000,
             connections_max_idle_ms: 600_000,
@@ -436,6 +451,19 @@ impl BrokerConfig {
             return bad(format!(
                 "timers_topic_num_partitions must be 1 to 1000 and timers_topic_replication_factor at least 1, got {} and {}",
                 self.timers_topic_num_partitions, self.timers_topic_replication_factor
+            ));
+        }
+        if !(1..=1_000).contains(&self.transaction_state_log_num_partitions)
+            || self.transaction_state_log_replication_factor == 0
+            || self.transaction_max_timeout_ms == 0
+            || self.transactional_id_expiration_ms == 0
+        {
+            return bad(format!(
+                "transaction_state_log_num_partitions must be 1 to 1000, and transaction_state_log_replication_factor, transaction_max_timeout_ms and transactional_id_expiration_ms at least 1, got {}, {}, {} and {}",
+                self.transaction_state_log_num_partitions,
+                self.transaction_state_log_replication_factor,
+                self.transaction_max_timeout_ms,
+                self.transactional_id_expiration_ms
             ));
         }
         if self.timers_max_pending_per_partition == 0 {

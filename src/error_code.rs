@@ -85,7 +85,7 @@ error_codes! {
     InvalidProducerEpoch = "INVALID_PRODUCER_EPOCH", false, "The producer epoch is older than the current one (a newer producer took over), or a new epoch does not start at sequence 0.";
     ClusterAuthorizationFailed = "CLUSTER_AUTHORIZATION_FAILED", false, "An internal (node-to-node) service was called on a client port; internal services are served only on the internal listener, to nodes holding the cluster secret.";
     InconsistentTopicId = "INCONSISTENT_TOPIC_ID", true, "The topic id does not match this broker's partition: the topic was deleted and re-created under the same name; refresh metadata.";
-    InvalidRecord = "INVALID_RECORD", false, "A client batch breaks a record rule: a negative timestamp, or the transactional or control attribute (transactions are not supported yet); nothing was written.";
+    InvalidRecord = "INVALID_RECORD", false, "A client batch breaks a record rule: a negative timestamp, the control attribute (only the transaction coordinator writes markers), or the transactional attribute without a producer id and epoch; nothing was written.";
     PartitionLimitExceeded = "PARTITION_LIMIT_EXCEEDED", false, "Placing the new partitions would give a broker more replicas than max_partitions_per_broker allows; nothing was created. Delete topics or add brokers first.";
     IllegalGeneration = "ILLEGAL_GENERATION", false, "The generation id is not the group's current one: the group rebalanced without this member; join again.";
     RebalanceInProgress = "REBALANCE_IN_PROGRESS", false, "The group is rebalancing; a classic-protocol member joins again.";
@@ -99,6 +99,13 @@ error_codes! {
     InvalidDelay = "INVALID_DELAY", false, "A record's delay_ms or deliver_at_ms is negative, beyond max_delay_ms, or both are given; nothing was written.";
     UnknownScheduledRecord = "UNKNOWN_SCHEDULED_RECORD", false, "No pending scheduled record has this id: it is malformed or unknown, or the record was delivered or cancelled already.";
     ScheduledRecordLimitExceeded = "SCHEDULED_RECORD_LIMIT_EXCEEDED", true, "The timers partition for the record's target holds its maximum of pending scheduled records (timers_max_pending_per_partition); nothing was written. Retry once some fell due, or raise the limit.";
+    InvalidTxnState = "INVALID_TXN_STATE", false, "The request does not fit the transaction's state: a non-transactional write inside an open transaction, EndTxn without an open transaction, or commit after abort; nothing changed.";
+    ProducerFenced = "PRODUCER_FENCED", false, "A newer instance initialised this transactional id (or the coordinator aborted a timed-out transaction and bumped the epoch): this producer is fenced; close it.";
+    ConcurrentTransactions = "CONCURRENT_TRANSACTIONS", true, "The transactional id's previous transaction is still completing (its markers are being written); retry shortly.";
+    TransactionalIdNotFound = "TRANSACTIONAL_ID_NOT_FOUND", false, "No such transactional id at its coordinator: call InitProducerId first.";
+    InvalidTransactionTimeout = "INVALID_TRANSACTION_TIMEOUT", false, "The transaction timeout is 0 or above transaction_max_timeout_ms.";
+    InvalidProducerIdMapping = "INVALID_PRODUCER_ID_MAPPING", false, "The producer id is not the one the transactional id holds (it expired or was re-initialised): call InitProducerId again.";
+    TransactionCoordinatorFenced = "TRANSACTION_COORDINATOR_FENCED", false, "A transaction marker came from an older coordinator than the partition has seen (the coordinator moved); the new coordinator completes the transaction.";
 }
 
 impl fmt::Display for ErrorCode {

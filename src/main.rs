@@ -35,6 +35,8 @@ enum Command {
     Consume(cli::consume::ConsumeArgs),
     /// List, describe, reset and delete consumer groups.
     Groups(cli::groups::GroupsArgs),
+    /// List and describe transactional ids (state, partitions, age, producer id/epoch).
+    Transactions(cli::transactions::TransactionsArgs),
     /// Load generators: perf produce, perf consume.
     Perf(cli::perf::PerfArgs),
     /// Describe the controller quorum and the brokers.
@@ -76,6 +78,7 @@ fn main() -> ExitCode {
         Command::Produce(a) => cli::produce::run(a),
         Command::Consume(a) => cli::consume::run(a),
         Command::Groups(a) => cli::groups::run(a),
+        Command::Transactions(a) => cli::transactions::run(a),
         Command::Perf(a) => cli::perf::run(a),
         Command::Cluster(a) => cli::cluster::run(a),
         Command::DumpLog(a) => cli::dump_log::run(a),

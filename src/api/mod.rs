@@ -18,3 +18,4 @@ pub mod replication_service;
 pub mod request_metrics;
 pub mod status;
 pub mod timer_service;
+pub mod txn_service;

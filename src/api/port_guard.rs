@@ -17,6 +17,7 @@ pub const INTERNAL_SERVICES: &[&str] = &[
     "tidelog.v1.Controller",
     "tidelog.v1.Replication",
     "tidelog.v1.Timers",
+    "tidelog.v1.TxnMarkers",
 ];
 
 /// The internal service a request path (`/package.Service/Method`) names, if any.

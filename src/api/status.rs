@@ -51,6 +51,7 @@ fn grpc_code(code: ErrorCode) -> Code {
         | ErrorCode::InvalidSessionTimeout
         | ErrorCode::InvalidFilterExpression
         | ErrorCode::InvalidDelay
+        | ErrorCode::InvalidTransactionTimeout
         | ErrorCode::CorruptMessage => Code::InvalidArgument,
         ErrorCode::OffsetOutOfRange => Code::OutOfRange,
         ErrorCode::RequestTimedOut => Code::DeadlineExceeded,
@@ -62,12 +63,18 @@ fn grpc_code(code: ErrorCode) -> Code {
         | ErrorCode::ClusterNotReady
         | ErrorCode::ControllerUnavailable
         | ErrorCode::NetworkException
-        | ErrorCode::KafkaStorageError => Code::Unavailable,
+        | ErrorCode::KafkaStorageError
+        | ErrorCode::ConcurrentTransactions => Code::Unavailable,
         ErrorCode::StaleBrokerEpoch
         | ErrorCode::FencedLeaderEpoch
         | ErrorCode::InvalidUpdateVersion
         | ErrorCode::IneligibleReplica
-        | ErrorCode::InconsistentTopicId => Code::FailedPrecondition,
+        | ErrorCode::InconsistentTopicId
+        | ErrorCode::InvalidTxnState
+        | ErrorCode::ProducerFenced
+        | ErrorCode::TransactionalIdNotFound
+        | ErrorCode::InvalidProducerIdMapping
+        | ErrorCode::TransactionCoordinatorFenced => Code::FailedPrecondition,
         ErrorCode::ClusterAuthorizationFailed => Code::PermissionDenied,
         ErrorCode::PartitionLimitExceeded
         | ErrorCode::PushSessionLimitExceeded

@@ -38,7 +38,7 @@ fn status_of(e: BrokerError) -> Status {
     )
 }
 
-fn error_of(s: Status) -> BrokerError {
+pub(crate) fn error_of(s: Status) -> BrokerError {
     BrokerError::new(code_of(&s), s.message().to_owned())
 }
 
@@ -48,7 +48,7 @@ fn error_of(s: Status) -> BrokerError {
 const PEER_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// `call` bounded by [`PEER_CALL_TIMEOUT`].
-async fn bounded<T>(
+pub(crate) async fn bounded<T>(
     what: &str,
     call: impl std::future::Future<Output = Result<Response<T>, Status>>,
 ) -> Result<T, BrokerError> {

@@ -9,6 +9,7 @@
 //! - [`lease`]: whether the broker may accept writes (fenced, answered, or controllers
 //!   unreachable);
 //! - [`producer_ids`]: idempotent producer ids from blocks reserved in advance;
+//! - [`txn`]: the transaction coordinator (`__transaction_state`, markers, timeouts);
 //! - [`push`]: push subscriptions (credit windows, reads as records are committed);
 //! - [`replica_manager`]: partition roles from the metadata, fetchers, ISR proposals;
 //! - [`controller_link`]: registration, heartbeats, metadata long-poll, controlled shutdown.
@@ -25,6 +26,7 @@ pub mod push;
 pub mod replica_manager;
 pub mod timer;
 pub mod traffic;
+pub mod txn;
 
 pub use error::BrokerError;
 pub use node::BrokerNode;

@@ -13,6 +13,7 @@ use crate::controller::model::BrokerState;
 use crate::error_code::ErrorCode;
 use crate::filter::RecordFilter;
 use crate::partition::{FetchData, Isolation, LogError, ReadOptions};
+use crate::record::control::ControlMarker;
 use crate::replication::isr_queue::IsrChangeQueue;
 use crate::replication::{IsrChange, Role};
 use crate::topic_config::TopicConfig;
@@ -443,6 +444,40 @@ impl BrokerNode {
             log_start_offset: local.log.log_start_offset(),
             scheduled_ids: Vec::new(),
         })
+    }
+
+    /// Appends the marker ending `producer_id`'s transaction to a partition this broker
+    /// leads and waits, up to `timeout`, until every in-sync replica holds it (the
+    /// coordinator counts a transaction complete only then).
+    pub async fn write_marker(
+        &self,
+        topic: &str,
+        partition: u32,
+        producer_id: i64,
+        producer_epoch: i16,
+        marker: ControlMarker,
+        timeout: Duration,
+    ) -> Result<(), BrokerError> {
+        self.leader_partition(topic, partition)?;
+        self.wait_for_write_permission(topic, partition, timeout)
+            .await?;
+        let (local, epoch) = self.leader_partition(topic, partition)?;
+        let min_isr = local.log.min_insync_replicas() as usize;
+        let (info, durable_target) =
+            local.append_marker_deferred(producer_id, producer_epoch, marker, epoch)?;
+        if let Some(target) = durable_target {
+            let replica = local.clone();
+            tokio::task::spawn_blocking(move || replica.sync_to(target))
+                .await
+                .map_err(|e| {
+                    BrokerError::new(ErrorCode::UnknownServerError, format!("fsync task: {e}"))
+                })??;
+        }
+        self.partitions.notify_appended();
+        local
+            .wait_committed(epoch, info.last_offset.plus(1), min_isr, timeout)
+            .await?;
+        Ok(())
     }
 
     /// Counts records and bytes a consumer fetch sends.

@@ -122,6 +122,11 @@ pub struct ConsumeArgs {
     /// expression, e.g. `"region = 'eu' AND amount > 100"`.
     #[arg(long, value_name = "EXPR")]
     filter_sql: Option<String>,
+    /// read_committed: only records of committed transactions (and non-transactional
+    /// ones), up to the last stable offset; read_uncommitted (default): everything below
+    /// the high watermark.
+    #[arg(long, value_enum, default_value_t = Isolation::ReadUncommitted, conflicts_with = "push")]
+    isolation: Isolation,
     /// Receive records pushed by the brokers over Subscribe streams (credit-based flow
     /// control) instead of fetching. With --group, a listener pool handles them (see
     /// --workers, --orderly) and commits only records it finished.
@@ -160,6 +165,16 @@ pub struct ConsumeArgs {
     retry_backoff_ms: Option<u64>,
     #[command(flatten)]
     client: ClientArgs,
+}
+
+/// Kafka's `isolation.level`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[value(rename_all = "snake_case")]
+enum Isolation {
+    /// Everything below the high watermark, open and aborted transactions included.
+    ReadUncommitted,
+    /// Committed transactions only, below the last stable offset.
+    ReadCommitted,
 }
 
 /// Runs `tidelog consume`.
@@ -207,9 +222,16 @@ pub fn run(args: &ConsumeArgs) -> Result<(), CliError> {
                 Source::Assigned(consumer)
             }
         };
+        let read_committed = args.isolation == Isolation::ReadCommitted;
         match &mut source {
-            Source::Assigned(c) => c.set_filter(filter)?,
-            Source::Group(g) => g.set_filter(filter)?,
+            Source::Assigned(c) => {
+                c.set_filter(filter)?;
+                c.set_read_committed(read_committed);
+            }
+            Source::Group(g) => {
+                g.set_filter(filter)?;
+                g.set_read_committed(read_committed);
+            }
         }
         let mut delivered = 0u64;
         let idle_limit = args.timeout_ms.map(Duration::from_millis);

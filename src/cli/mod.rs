@@ -17,6 +17,7 @@ pub mod scheduled;
 pub mod server_roles;
 pub mod text;
 pub mod topics;
+pub mod transactions;
 
 use std::fmt;
 

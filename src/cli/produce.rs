@@ -57,6 +57,14 @@ pub struct ProduceArgs {
     /// How long a batch waits for more records (ms).
     #[arg(long, default_value_t = 5)]
     linger_ms: u64,
+    /// Write every record of this run in one transaction of this transactional id
+    /// (fencing an earlier producer of it), committed once all are acknowledged.
+    #[arg(long, value_name = "ID", conflicts_with_all = ["delay_ms", "deliver_at"])]
+    transactional_id: Option<String>,
+    /// With --transactional-id: abort the transaction instead of committing it (its
+    /// records stay invisible to read_committed consumers).
+    #[arg(long, requires = "transactional_id")]
+    abort: bool,
     #[command(flatten)]
     client: ClientArgs,
 }
@@ -113,13 +121,24 @@ pub fn run(args: &ProduceArgs) -> Result<(), CliError> {
         batch_size: args.batch_size,
         linger: std::time::Duration::from_millis(args.linger_ms),
         delivery_timeout: std::time::Duration::from_millis(args.timeout_ms),
+        transactional_id: args.transactional_id.clone(),
         ..Default::default()
     };
+    if args.transactional_id.is_some() && acks != -1 {
+        return Err(CliError::new(
+            "INVALID_REQUEST",
+            "--transactional-id needs --acks all",
+        ));
+    }
     let bootstrap = args.client.addresses()?;
     let output = args.client.output;
     block_on(async move {
         let producer = Producer::new(bootstrap, config);
         producer.partitions_for(&args.topic).await?;
+        if producer.is_transactional() {
+            producer.init_transactions().await?;
+            producer.begin_transaction().await?;
+        }
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<String, std::io::Error>>(1024);
         std::thread::spawn(move || {
             for line in std::io::stdin().lock().lines() {
@@ -232,6 +251,13 @@ pub fn run(args: &ProduceArgs) -> Result<(), CliError> {
         }
         while let Some(f) = pending.pop_front() {
             report(f.await, &mut failed, &mut acknowledged);
+        }
+        if producer.is_transactional() {
+            if failed.is_some() || args.abort {
+                producer.abort_transaction().await?;
+            } else {
+                producer.commit_transaction().await?;
+            }
         }
         match failed {
             Some(e) => Err(e),

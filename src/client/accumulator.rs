@@ -283,6 +283,8 @@ pub struct Accumulator {
     next_batch_id: AtomicU64,
     /// Flushes waiting: every batch is ready while this is non-zero.
     flushing: AtomicUsize,
+    /// Batches completed with an error, ever (a transaction that had one cannot commit).
+    failed: AtomicU64,
     /// Wakes the sender: a batch was created or sealed, or a flush began.
     wakeup: Notify,
 }
@@ -318,6 +320,7 @@ impl Accumulator {
             incomplete: Mutex::new(HashMap::new()),
             next_batch_id: AtomicU64::new(0),
             flushing: AtomicUsize::new(0),
+            failed: AtomicU64::new(0),
             wakeup: Notify::new(),
         }
     }
@@ -605,7 +608,11 @@ impl Accumulator {
         reserved: usize,
         result: Result<i64, ClientError>,
     ) {
+        let failed = result.is_err();
         if batch.complete(result) {
+            if failed {
+                self.failed.fetch_add(1, Ordering::AcqRel);
+            }
             self.incomplete.lock().remove(&id);
             self.memory.add_permits(reserved);
         }
@@ -644,6 +651,11 @@ impl Accumulator {
             batch.complete(Err(error.clone()));
         }
         self.memory.close();
+    }
+
+    /// Batches completed with an error since the accumulator was made.
+    pub fn failed_batches(&self) -> u64 {
+        self.failed.load(Ordering::Acquire)
     }
 
     /// Number of batches not completed yet.

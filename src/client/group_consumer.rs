@@ -551,6 +551,11 @@ impl GroupConsumer {
         self.consumer.set_filter(filter)
     }
 
+    /// Kafka's `isolation.level` ([`Consumer::set_read_committed`]).
+    pub fn set_read_committed(&mut self, on: bool) {
+        self.consumer.set_read_committed(on);
+    }
+
     /// Reads the next records of the assigned partitions, waiting up to `max_wait`.
     pub async fn poll(&mut self, max_wait: Duration) -> Result<Vec<ConsumerRecord>, ClientError> {
         if let (Some(policy), Some(retrier)) = (&self.policy_to_set, &self.shared.retrier) {

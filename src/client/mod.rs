@@ -28,6 +28,7 @@ pub mod producer;
 pub mod push_consumer;
 pub mod push_feed;
 pub mod retry;
+pub mod transactions;
 
 pub use admin::AdminClient;
 pub use error::ClientError;

@@ -57,6 +57,7 @@ use super::cluster::Cluster;
 use super::error::ClientError;
 use super::fault::{self, FaultTracker, Outcome};
 use super::partitioner::{Partitioner, Partitioning};
+use super::transactions::TxnClient;
 use crate::api::proto::broker_client::BrokerClient;
 use crate::api::proto::{PartitionProduceData, ProduceRequest, ProduceResponse, TopicProduceData};
 use crate::error_code::ErrorCode;
@@ -111,6 +112,13 @@ pub struct ProducerConfig {
     /// Records that may go to any partition avoid brokers whose requests recently failed
     /// or stalled (RocketMQ's `sendLatencyFaultEnable`; see [`super::fault`]).
     pub fault_avoidance: bool,
+    /// Kafka's `transactional.id`: the producer writes in transactions
+    /// ([`Producer::init_transactions`], [`Producer::begin_transaction`],
+    /// [`Producer::commit_transaction`]); a new instance with the same id fences this one.
+    pub transactional_id: Option<String>,
+    /// An open transaction is aborted by the coordinator after this long (Kafka's
+    /// `transaction.timeout.ms`).
+    pub transaction_timeout: Duration,
 }
 
 /// A custom partition selector: given the record and the partition count, the partition.
@@ -152,6 +160,8 @@ impl Default for ProducerConfig {
             buffer_memory: 32 * 1024 * 1024,
             max_request_size: 1024 * 1024,
             fault_avoidance: true,
+            transactional_id: None,
+            transaction_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -290,6 +300,29 @@ struct Shared {
     faults: FaultTracker,
     identity: tokio::sync::Mutex<Option<Identity>>,
     generation: std::sync::atomic::AtomicU64,
+    /// The transaction of a transactional producer.
+    txn: Option<TxnSession>,
+}
+
+/// A transactional producer's side of its transactions.
+struct TxnSession {
+    id: String,
+    client: TxnClient,
+    state: tokio::sync::Mutex<TxnLocal>,
+}
+
+#[derive(Default)]
+struct TxnLocal {
+    /// `init_transactions` succeeded.
+    ready: bool,
+    /// A transaction is open.
+    open: bool,
+    /// Partitions added to the open transaction.
+    partitions: std::collections::HashSet<(String, u32)>,
+    /// Failed batches counted when the transaction began.
+    failed_at_begin: u64,
+    /// Fenced (a newer instance) or otherwise unusable: every call fails with this.
+    fatal: Option<ClientError>,
 }
 
 impl Shared {
@@ -298,6 +331,12 @@ impl Shared {
         let mut guard = self.identity.lock().await;
         if let Some(identity) = *guard {
             return Ok(identity);
+        }
+        if self.txn.is_some() {
+            return Err(ClientError::new(
+                ErrorCode::InvalidTxnState,
+                "a transactional producer gets its producer id from init_transactions",
+            ));
         }
         let r = self.admin.init_producer_id().await?;
         let identity = Identity {
@@ -315,6 +354,11 @@ impl Shared {
 
     /// Drops the producer id of `generation` (a batch under it failed for good).
     async fn abandon_identity(&self, generation: u64) {
+        if self.txn.is_some() {
+            // A transactional producer keeps its id: the failure fails the transaction,
+            // which the application aborts.
+            return;
+        }
         let mut guard = self.identity.lock().await;
         if guard.is_some_and(|i| i.generation == generation) {
             *guard = None;
@@ -368,6 +412,7 @@ fn now_ms() -> i64 {
 impl Producer {
     /// A producer for the cluster at `bootstrap`.
     pub fn new(bootstrap: Vec<String>, config: ProducerConfig) -> Self {
+        let bootstrap_for_txn = bootstrap.clone();
         let shared = Arc::new(Shared {
             cluster: Cluster::new(bootstrap.clone(), Duration::from_secs(30)),
             admin: AdminClient::new(bootstrap, Duration::from_secs(30)),
@@ -382,6 +427,11 @@ impl Producer {
             faults: FaultTracker::default(),
             identity: tokio::sync::Mutex::new(None),
             generation: std::sync::atomic::AtomicU64::new(0),
+            txn: config.transactional_id.clone().map(|id| TxnSession {
+                id,
+                client: TxnClient::new(bootstrap_for_txn.clone(), config.request_timeout),
+                state: tokio::sync::Mutex::new(TxnLocal::default()),
+            }),
             config,
         });
         let sender = tokio::spawn(Sender::new(shared.clone()).run());
@@ -439,6 +489,17 @@ impl Producer {
             Ok(p) => p,
             Err(e) => return RecordFuture::failed(e),
         };
+        if let Some(txn) = &shared.txn {
+            if oneway {
+                return RecordFuture::failed(ClientError::new(
+                    ErrorCode::InvalidTxnState,
+                    "a transactional producer cannot send oneway (acks=0)",
+                ));
+            }
+            if let Err(e) = self.join_transaction(txn, &record.topic, partition).await {
+                return RecordFuture::failed(e);
+            }
+        }
         // No allocation for the common record without headers.
         let mut headers: Vec<(&str, Option<&[u8]>)> = record
             .headers
@@ -496,6 +557,181 @@ impl Producer {
     /// record sent before the call is acknowledged or failed.
     pub async fn flush(&self) {
         self.shared.accumulator.flush().await;
+    }
+
+    fn session(&self) -> Result<&TxnSession, ClientError> {
+        self.shared.txn.as_ref().ok_or_else(|| {
+            ClientError::new(
+                ErrorCode::InvalidTxnState,
+                "not a transactional producer: set transactional_id",
+            )
+        })
+    }
+
+    /// Registers the transactional id with its coordinator: takes its producer id and a
+    /// new epoch, which fences every older instance (their open transaction is aborted,
+    /// their writes refused with INVALID_PRODUCER_EPOCH or PRODUCER_FENCED). Call once,
+    /// before the first transaction.
+    pub async fn init_transactions(&self) -> Result<(), ClientError> {
+        let txn = self.session()?;
+        let mut state = txn.state.lock().await;
+        let timeout_ms = self
+            .shared
+            .config
+            .transaction_timeout
+            .as_millis()
+            .min(u32::MAX as u128) as u32;
+        let (producer_id, epoch) = txn.client.init_producer_id(&txn.id, timeout_ms).await?;
+        *self.shared.identity.lock().await = Some(Identity {
+            producer_id,
+            epoch,
+            generation: self
+                .shared
+                .generation
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+                + 1,
+        });
+        tracing::debug!(transactional_id = %txn.id, producer_id, epoch, "transactional producer ready");
+        *state = TxnLocal {
+            ready: true,
+            ..TxnLocal::default()
+        };
+        Ok(())
+    }
+
+    /// Opens a transaction: every record sent until the commit or abort belongs to it.
+    pub async fn begin_transaction(&self) -> Result<(), ClientError> {
+        let txn = self.session()?;
+        let mut state = txn.state.lock().await;
+        check_usable(&state)?;
+        if state.open {
+            return Err(ClientError::new(
+                ErrorCode::InvalidTxnState,
+                "a transaction is open already: commit or abort it first",
+            ));
+        }
+        state.open = true;
+        state.partitions.clear();
+        state.failed_at_begin = self.shared.accumulator.failed_batches();
+        Ok(())
+    }
+
+    /// Adds the record's partition to the open transaction before its first record.
+    async fn join_transaction(
+        &self,
+        txn: &TxnSession,
+        topic: &str,
+        partition: u32,
+    ) -> Result<(), ClientError> {
+        let mut state = txn.state.lock().await;
+        check_usable(&state)?;
+        if !state.open {
+            return Err(ClientError::new(
+                ErrorCode::InvalidTxnState,
+                "no open transaction: call begin_transaction before sending",
+            ));
+        }
+        let key = (topic.to_owned(), partition);
+        if state.partitions.contains(&key) {
+            return Ok(());
+        }
+        let identity = self.identity_now().await?;
+        if let Err(e) = txn
+            .client
+            .add_partitions(&txn.id, identity, std::slice::from_ref(&key))
+            .await
+        {
+            note_fatal(&mut state, &e);
+            return Err(e);
+        }
+        state.partitions.insert(key);
+        Ok(())
+    }
+
+    async fn identity_now(&self) -> Result<(i64, i16), ClientError> {
+        self.shared
+            .identity
+            .lock()
+            .await
+            .map(|i| (i.producer_id, i.epoch))
+            .ok_or_else(|| {
+                ClientError::new(ErrorCode::InvalidTxnState, "call init_transactions first")
+            })
+    }
+
+    /// Commits the open transaction: sends every queued record, and once all are
+    /// acknowledged has the coordinator commit; read-committed consumers then see them
+    /// all. When any record of the transaction failed, nothing is committed: the call
+    /// fails with INVALID_TXN_STATE and the application aborts.
+    pub async fn commit_transaction(&self) -> Result<(), ClientError> {
+        self.end_transaction(true).await
+    }
+
+    /// Aborts the open transaction: its records are never shown to read-committed
+    /// consumers.
+    pub async fn abort_transaction(&self) -> Result<(), ClientError> {
+        self.end_transaction(false).await
+    }
+
+    async fn end_transaction(&self, commit: bool) -> Result<(), ClientError> {
+        let txn = self.session()?;
+        let mut state = txn.state.lock().await;
+        check_usable(&state)?;
+        if !state.open {
+            return Err(ClientError::new(
+                ErrorCode::InvalidTxnState,
+                "no open transaction to end",
+            ));
+        }
+        self.shared.accumulator.flush().await;
+        let failed = self.shared.accumulator.failed_batches() - state.failed_at_begin;
+        if commit && failed > 0 {
+            return Err(ClientError::new(
+                ErrorCode::InvalidTxnState,
+                format!("{failed} batches of the transaction failed; abort it"),
+            ));
+        }
+        if !state.partitions.is_empty() {
+            let identity = self.identity_now().await?;
+            if let Err(e) = txn.client.end(&txn.id, identity, commit).await {
+                note_fatal(&mut state, &e);
+                return Err(e);
+            }
+        }
+        state.open = false;
+        state.partitions.clear();
+        Ok(())
+    }
+
+    /// Whether this producer writes in transactions.
+    pub fn is_transactional(&self) -> bool {
+        self.shared.txn.is_some()
+    }
+}
+
+/// Fails unless the producer was initialised and is not fenced.
+fn check_usable(state: &TxnLocal) -> Result<(), ClientError> {
+    if let Some(e) = &state.fatal {
+        return Err(e.clone());
+    }
+    if !state.ready {
+        return Err(ClientError::new(
+            ErrorCode::InvalidTxnState,
+            "call init_transactions first",
+        ));
+    }
+    Ok(())
+}
+
+/// Remembers an error after which the producer cannot go on (it was fenced).
+fn note_fatal(state: &mut TxnLocal, e: &ClientError) {
+    if matches!(
+        e.code,
+        ErrorCode::ProducerFenced
+            | ErrorCode::InvalidProducerIdMapping
+            | ErrorCode::InvalidProducerEpoch
+    ) {
+        state.fatal = Some(e.clone());
     }
 }
 
@@ -844,7 +1080,9 @@ impl Sender {
                     let first = state.sequence.1;
                     state.sequence.1 = first.wrapping_add(count) & i32::MAX;
                     (
-                        builder.producer(identity.producer_id, identity.epoch, first),
+                        builder
+                            .producer(identity.producer_id, identity.epoch, first)
+                            .transactional(self.shared.txn.is_some()),
                         Some((identity.generation, first)),
                     )
                 }

@@ -73,6 +73,13 @@ pub fn kafka_error(code: ErrorCode) -> ResponseError {
         C::UnknownScheduledRecord => K::InvalidRequest,
         // A retriable throttle, as for push sessions.
         C::ScheduledRecordLimitExceeded => K::ThrottlingQuotaExceeded,
+        C::InvalidTxnState => K::InvalidTxnState,
+        C::ProducerFenced => K::ProducerFenced,
+        C::ConcurrentTransactions => K::ConcurrentTransactions,
+        C::TransactionalIdNotFound => K::TransactionalIdNotFound,
+        C::InvalidTransactionTimeout => K::InvalidTransactionTimeout,
+        C::InvalidProducerIdMapping => K::InvalidProducerIdMapping,
+        C::TransactionCoordinatorFenced => K::TransactionCoordinatorFenced,
     }
 }
 

@@ -52,6 +52,10 @@ impl ReplicaError {
             LogError::Sequence(SequenceError::OutOfOrder { .. }) => {
                 ErrorCode::OutOfOrderSequenceNumber
             }
+            LogError::Sequence(SequenceError::InvalidTxnState { .. }) => ErrorCode::InvalidTxnState,
+            LogError::Sequence(SequenceError::CoordinatorFenced { .. }) => {
+                ErrorCode::TransactionCoordinatorFenced
+            }
             LogError::Sequence(_) => ErrorCode::InvalidProducerEpoch,
             LogError::NotCached => ErrorCode::RequestTimedOut,
             LogError::Offline { .. }
@@ -342,6 +346,32 @@ impl LocalPartition {
         let (info, durable_target) = self
             .log
             .append_as_leader_deferred(batches, epoch)
+            .map_err(|e| ReplicaError::from_log(&self.name(), e))?;
+        if durable_target.is_none() {
+            self.advance_high_watermark(leader);
+        }
+        Ok((info, durable_target))
+    }
+
+    /// [`Replica::append_as_leader_deferred`] for a transaction marker (the coordinator's
+    /// commit or abort of `producer_id`'s transaction).
+    pub fn append_marker_deferred(
+        &self,
+        producer_id: i64,
+        producer_epoch: i16,
+        marker: crate::record::control::ControlMarker,
+        epoch: LeaderEpoch,
+    ) -> Result<(AppendInfo, Option<u64>), ReplicaError> {
+        let role = self.role.read();
+        let Role::Leader(leader) = &*role else {
+            return Err(self.not_leader());
+        };
+        if leader.epoch != epoch {
+            return Err(self.not_leader());
+        }
+        let (info, durable_target) = self
+            .log
+            .append_marker_deferred(producer_id, producer_epoch, marker, epoch)
             .map_err(|e| ReplicaError::from_log(&self.name(), e))?;
         if durable_target.is_none() {
             self.advance_high_watermark(leader);

@@ -19,9 +19,12 @@ use crate::api::proto::broker_server::BrokerServer;
 use crate::api::proto::groups_server::GroupsServer;
 use crate::api::proto::replication_server::ReplicationServer;
 use crate::api::proto::timers_server::TimersServer;
+use crate::api::proto::transactions_server::TransactionsServer;
+use crate::api::proto::txn_markers_server::TxnMarkersServer;
 use crate::api::replication_service::ReplicationService;
 use crate::api::request_metrics::RequestMetricsLayer;
 use crate::api::timer_service::{TimerFront, TimerPeerClient, TimerService};
+use crate::api::txn_service::{MarkerPeerClient, TxnMarkerService, TxnService};
 use crate::broker::controller_link::{BrokerIdentity, ControllerLink};
 use crate::broker::group::{GroupCoordinator, GroupSettings};
 use crate::broker::lease::LeaderLease;
@@ -31,6 +34,7 @@ use crate::broker::partition_manager::PartitionManager;
 use crate::broker::producer_ids::{ProducerIdBlocks, DEFAULT_BLOCK_SIZE as PRODUCER_ID_BLOCK_SIZE};
 use crate::broker::replica_manager::{ReplicaManager, ReplicationSettings};
 use crate::broker::timer::{TimerSettings, Timers};
+use crate::broker::txn::{TxnCoordinator, TxnSettings};
 use crate::broker::BrokerNode;
 use crate::client::connection::parse_bootstrap;
 use crate::client::AdminClient;
@@ -51,6 +55,7 @@ pub struct BrokerRuntime {
     config: BrokerConfig,
     timers: Arc<Timers>,
     timer_front: Arc<TimerFront>,
+    txns: Arc<TxnCoordinator>,
 }
 
 /// Where a broker is reached: clients at `client`, other brokers at `internal`.
@@ -192,7 +197,20 @@ impl BrokerRuntime {
             AdminClient::internal(controllers.clone(), Duration::from_secs(30), secret.clone()),
         ));
         node.set_scheduler(Arc::new(timer_front.clone()));
+        let txns = TxnCoordinator::new(
+            node.clone(),
+            TxnSettings {
+                partitions: config.transaction_state_log_num_partitions,
+                replication_factor: config.transaction_state_log_replication_factor,
+                timeout_max_ms: config.transaction_max_timeout_ms,
+                timeout_default_ms: config.transaction_max_timeout_ms.min(60_000),
+                id_expiration: Duration::from_millis(config.transactional_id_expiration_ms),
+                ..TxnSettings::default()
+            },
+            Arc::new(MarkerPeerClient::new(node.clone(), secret.clone())),
+        );
         Ok(Self {
+            txns,
             timer_front,
             timers,
             node,
@@ -241,6 +259,27 @@ impl BrokerRuntime {
             controllers(),
         ));
         (broker, admin, replication, groups)
+    }
+
+    /// The public Transactions service.
+    pub fn txn_service(&self) -> TransactionsServer<TxnService> {
+        TransactionsServer::new(TxnService::new(
+            self.node.clone(),
+            self.txns.clone(),
+            AdminClient::internal(
+                self.controllers.clone(),
+                Duration::from_secs(30),
+                self.secret.clone(),
+            ),
+        ))
+    }
+
+    /// The internal TxnMarkers service (markers from other brokers' coordinators).
+    pub fn txn_marker_service(&self) -> TxnMarkersServer<TxnMarkerService> {
+        TxnMarkersServer::new(TxnMarkerService::new(
+            self.node.clone(),
+            self.txns.settings().write_timeout,
+        ))
     }
 
     /// The internal Timers service (scheduling, cancelling and delivering delayed records
@@ -354,6 +393,11 @@ impl BrokerRuntime {
                 .run_producer_id_blocks(self.node.producer_ids().clone(), cancel.clone()),
         );
         tasks.spawn(self.timers.clone().run(cancel.clone()));
+        tasks.spawn(
+            self.txns
+                .clone()
+                .run(Duration::from_millis(500), cancel.clone()),
+        );
         tasks.spawn(self.link.clone().run_metadata(cancel.clone()));
         tasks.spawn(self.link.clone().run_heartbeats(cancel.clone()));
         Ok(())
@@ -484,6 +528,7 @@ pub async fn run(config: BrokerConfig) -> Result<(), RoleError> {
         .add_service(broker)
         .add_service(admin)
         .add_service(groups)
+        .add_service(runtime.txn_service())
         .add_service(health_service)
         .add_service(reflection)
         .add_service(reflection_alpha)
@@ -501,6 +546,7 @@ pub async fn run(config: BrokerConfig) -> Result<(), RoleError> {
         .layer(CodeLayer)
         .add_service(replication)
         .add_service(runtime.timer_service())
+        .add_service(runtime.txn_marker_service())
         .serve_with_incoming_shutdown(
             crate::net::serve_incoming(
                 internal_listener,

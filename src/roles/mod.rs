@@ -28,6 +28,7 @@ pub const BROKER_SERVICES: &[&str] = &[
     "tidelog.v1.Broker",
     "tidelog.v1.Admin",
     "tidelog.v1.Groups",
+    "tidelog.v1.Transactions",
     "grpc.health.v1.Health",
 ];
 /// Public services a controller lists through reflection.

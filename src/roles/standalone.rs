@@ -94,6 +94,7 @@ pub async fn run(
         .add_service(broker_service)
         .add_service(admin_service)
         .add_service(groups_service)
+        .add_service(runtime.txn_service())
         .add_service(health_service)
         .add_service(reflection)
         .add_service(reflection_alpha)
@@ -121,6 +122,7 @@ pub async fn run(
         )))
         .add_service(replication_service)
         .add_service(runtime.timer_service())
+        .add_service(runtime.txn_marker_service())
         .serve_with_incoming_shutdown(
             crate::net::serve_incoming(
                 internal_listener,

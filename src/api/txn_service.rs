@@ -1,0 +1,398 @@
+//! The `Transactions` service (public) and `TxnMarkers` (internal): gRPC over the
+//! broker's [`TxnCoordinator`], and the client the coordinator reaches other brokers'
+//! markers service with.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+use tonic::{Request, Response, Status};
+
+use super::forward::PeerChannels;
+use super::internal_topics::{self, InternalTopic};
+use super::proto::transactions_server::Transactions;
+use super::proto::txn_markers_client::TxnMarkersClient;
+use super::proto::txn_markers_server::TxnMarkers;
+use super::proto::{
+    AddPartitionsToTxnRequest, AddPartitionsToTxnResponse, DescribeTransactionsRequest,
+    DescribeTransactionsResponse, EndTxnRequest, EndTxnResponse, FindTxnCoordinatorRequest,
+    FindTxnCoordinatorResponse, InitTxnProducerRequest, InitTxnProducerResponse,
+    ListTransactionsRequest, ListTransactionsResponse, TransactionDescription, TxnMarker,
+    TxnMarkerResult, TxnTopicPartitions, WriteTxnMarkersRequest, WriteTxnMarkersResponse,
+};
+use super::status::{error_status, to_wire};
+use super::timer_service::{bounded, error_of};
+use crate::broker::txn::coordinator::partition_for;
+use crate::broker::txn::state::{TxnMeta, TxnPartition, TxnState};
+use crate::broker::txn::{MarkerPeers, TxnCoordinator, TxnDescription, TXN_TOPIC};
+use crate::broker::{BrokerError, BrokerNode};
+use crate::client::AdminClient;
+use crate::error_code::ErrorCode;
+use crate::net::node_auth::ClusterSecret;
+use crate::record::control::ControlMarker;
+use crate::types::BrokerId;
+
+fn status(e: BrokerError) -> Status {
+    error_status(e.code, e.message, None)
+}
+
+fn epoch_of(epoch: i32) -> Result<i16, Status> {
+    i16::try_from(epoch).map_err(|_| {
+        error_status(
+            ErrorCode::InvalidRequest,
+            format!("producer_epoch {epoch} is out of range"),
+            None,
+        )
+    })
+}
+
+/// Serves `Transactions` on the client listener.
+pub struct TxnService {
+    node: BrokerNode,
+    coordinator: Arc<TxnCoordinator>,
+    admin: AdminClient,
+}
+
+impl TxnService {
+    /// A service over `coordinator`; `admin` creates `__transaction_state`.
+    pub fn new(node: BrokerNode, coordinator: Arc<TxnCoordinator>, admin: AdminClient) -> Self {
+        Self {
+            node,
+            coordinator,
+            admin,
+        }
+    }
+
+    /// The coordinator of `id` (creating `__transaction_state` on first use) and its
+    /// state partition.
+    pub async fn locate(&self, id: &str) -> Result<(BrokerId, u32), BrokerError> {
+        self.coordinator.state_partition(id).or_else(|e| {
+            if e.code == ErrorCode::NotCoordinator {
+                Ok(0)
+            } else {
+                Err(e)
+            }
+        })?;
+        let settings = self.coordinator.settings();
+        internal_topics::ensure(
+            &self.node,
+            &self.admin,
+            InternalTopic {
+                name: TXN_TOPIC,
+                partitions: settings.partitions,
+                replication_factor: settings.replication_factor,
+                config: [
+                    ("segment.bytes".to_owned(), (100 * 1024 * 1024).to_string()),
+                    (
+                        "retention.ms".to_owned(),
+                        settings.id_expiration.as_millis().to_string(),
+                    ),
+                    ("min.insync.replicas".to_owned(), "1".to_owned()),
+                ]
+                .into(),
+                not_ready: ErrorCode::CoordinatorLoadInProgress,
+            },
+        )
+        .await?;
+        let t = self.node.metadata().topic(TXN_TOPIC).ok_or_else(|| {
+            BrokerError::new(
+                ErrorCode::CoordinatorLoadInProgress,
+                "no transaction state topic",
+            )
+        })?;
+        let partition = partition_for(id, t.partitions.len() as u32);
+        let leader = t.partitions[partition as usize].leader.ok_or_else(|| {
+            BrokerError::new(
+                ErrorCode::CoordinatorLoadInProgress,
+                format!("{TXN_TOPIC}-{partition} has no leader right now"),
+            )
+        })?;
+        if leader == self.node.id() {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            while self.node.leader_partition(TXN_TOPIC, partition).is_err()
+                && tokio::time::Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        Ok((leader, partition))
+    }
+}
+
+/// The wire form of a description.
+pub fn describe_wire(d: &TxnDescription, coordinator: BrokerId) -> TransactionDescription {
+    TransactionDescription {
+        transactional_id: d.id.clone(),
+        state: d.meta.state.name().to_owned(),
+        producer_id: d.meta.producer_id,
+        producer_epoch: i32::from(d.meta.producer_epoch),
+        transaction_timeout_ms: d.meta.timeout_ms,
+        start_time_ms: d.meta.started_ms,
+        topics: by_topic(&d.meta),
+        coordinator_id: coordinator.0,
+    }
+}
+
+fn by_topic(m: &TxnMeta) -> Vec<TxnTopicPartitions> {
+    let mut out: Vec<TxnTopicPartitions> = Vec::new();
+    for (topic, p) in &m.partitions {
+        match out.last_mut() {
+            Some(t) if &t.topic == topic => t.partitions.push(*p),
+            _ => out.push(TxnTopicPartitions {
+                topic: topic.clone(),
+                partitions: vec![*p],
+            }),
+        }
+    }
+    out
+}
+
+#[tonic::async_trait]
+impl Transactions for TxnService {
+    async fn find_coordinator(
+        &self,
+        request: Request<FindTxnCoordinatorRequest>,
+    ) -> Result<Response<FindTxnCoordinatorResponse>, Status> {
+        let id = request.into_inner().transactional_id;
+        let (leader, partition) = self.locate(&id).await.map_err(status)?;
+        let address = self
+            .node
+            .metadata()
+            .broker_address(leader)
+            .unwrap_or_default();
+        Ok(Response::new(FindTxnCoordinatorResponse {
+            coordinator_id: leader.0,
+            address,
+            partition,
+        }))
+    }
+
+    async fn init_producer_id(
+        &self,
+        request: Request<InitTxnProducerRequest>,
+    ) -> Result<Response<InitTxnProducerResponse>, Status> {
+        let r = request.into_inner();
+        let (producer_id, epoch) = self
+            .coordinator
+            .init_producer_id(&r.transactional_id, r.transaction_timeout_ms)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(InitTxnProducerResponse {
+            producer_id,
+            producer_epoch: i32::from(epoch),
+        }))
+    }
+
+    async fn add_partitions(
+        &self,
+        request: Request<AddPartitionsToTxnRequest>,
+    ) -> Result<Response<AddPartitionsToTxnResponse>, Status> {
+        let r = request.into_inner();
+        let partitions: BTreeSet<TxnPartition> = r
+            .topics
+            .iter()
+            .flat_map(|t| t.partitions.iter().map(|p| (t.topic.clone(), *p)))
+            .collect();
+        if partitions.is_empty() {
+            return Err(error_status(
+                ErrorCode::InvalidRequest,
+                "add partitions names no partition",
+                None,
+            ));
+        }
+        self.coordinator
+            .add_partitions(
+                &r.transactional_id,
+                r.producer_id,
+                epoch_of(r.producer_epoch)?,
+                partitions,
+            )
+            .await
+            .map_err(status)?;
+        Ok(Response::new(AddPartitionsToTxnResponse {}))
+    }
+
+    async fn end_txn(
+        &self,
+        request: Request<EndTxnRequest>,
+    ) -> Result<Response<EndTxnResponse>, Status> {
+        let r = request.into_inner();
+        self.coordinator
+            .end_txn(
+                &r.transactional_id,
+                r.producer_id,
+                epoch_of(r.producer_epoch)?,
+                r.commit,
+            )
+            .await
+            .map_err(status)?;
+        Ok(Response::new(EndTxnResponse {}))
+    }
+
+    async fn describe_transactions(
+        &self,
+        request: Request<DescribeTransactionsRequest>,
+    ) -> Result<Response<DescribeTransactionsResponse>, Status> {
+        let ids = request.into_inner().transactional_ids;
+        let mut transactions = Vec::new();
+        for (id, r) in ids.iter().zip(self.coordinator.describe(&ids).await) {
+            match r {
+                Ok(d) => transactions.push(describe_wire(&d, self.node.id())),
+                // One id: its error is the answer.
+                Err(e) if ids.len() == 1 => return Err(status(e)),
+                Err(e) => tracing::debug!(transactional_id = %id, error = %e, "describe"),
+            }
+        }
+        Ok(Response::new(DescribeTransactionsResponse { transactions }))
+    }
+
+    async fn list_transactions(
+        &self,
+        request: Request<ListTransactionsRequest>,
+    ) -> Result<Response<ListTransactionsResponse>, Status> {
+        let mut states = Vec::new();
+        for s in request.into_inner().states {
+            states.push(TxnState::parse(&s).ok_or_else(|| {
+                error_status(
+                    ErrorCode::InvalidRequest,
+                    format!("unknown transaction state '{s}' (Empty, Ongoing, PrepareCommit, PrepareAbort, CompleteCommit, CompleteAbort)"),
+                    None,
+                )
+            })?);
+        }
+        let transactions = self
+            .coordinator
+            .list(&states)
+            .await
+            .iter()
+            .map(|d| describe_wire(d, self.node.id()))
+            .collect();
+        Ok(Response::new(ListTransactionsResponse { transactions }))
+    }
+}
+
+/// Serves `TxnMarkers` on the internal listener.
+pub struct TxnMarkerService {
+    node: BrokerNode,
+    write_timeout: Duration,
+}
+
+impl TxnMarkerService {
+    /// Markers written through `node`, each waiting up to `write_timeout`.
+    pub fn new(node: BrokerNode, write_timeout: Duration) -> Self {
+        Self {
+            node,
+            write_timeout,
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl TxnMarkers for TxnMarkerService {
+    async fn write_markers(
+        &self,
+        request: Request<WriteTxnMarkersRequest>,
+    ) -> Result<Response<WriteTxnMarkersResponse>, Status> {
+        let r = request.into_inner();
+        let epoch = epoch_of(r.producer_epoch)?;
+        let marker = ControlMarker {
+            commit: r.commit,
+            coordinator_epoch: r.coordinator_epoch,
+        };
+        let writes = r.partitions.iter().map(|p| {
+            self.node.write_marker(
+                &p.topic,
+                p.partition,
+                r.producer_id,
+                epoch,
+                marker,
+                self.write_timeout,
+            )
+        });
+        let results = futures_util::future::join_all(writes)
+            .await
+            .into_iter()
+            .zip(&r.partitions)
+            .map(|(result, p)| match result {
+                Ok(()) => TxnMarkerResult {
+                    topic: p.topic.clone(),
+                    partition: p.partition,
+                    ..Default::default()
+                },
+                Err(e) => TxnMarkerResult {
+                    topic: p.topic.clone(),
+                    partition: p.partition,
+                    error_code: to_wire(e.code),
+                    error_message: e.message,
+                },
+            })
+            .collect();
+        Ok(Response::new(WriteTxnMarkersResponse { results }))
+    }
+}
+
+/// Reaches other brokers' `TxnMarkers` services over their internal listeners.
+pub struct MarkerPeerClient {
+    node: BrokerNode,
+    channels: PeerChannels,
+}
+
+impl MarkerPeerClient {
+    /// A client that authenticates with `secret`.
+    pub fn new(node: BrokerNode, secret: Arc<ClusterSecret>) -> Self {
+        Self {
+            node,
+            channels: PeerChannels::new(secret),
+        }
+    }
+}
+
+impl MarkerPeers for MarkerPeerClient {
+    fn write_markers(
+        &self,
+        broker: BrokerId,
+        producer_id: i64,
+        producer_epoch: i16,
+        marker: ControlMarker,
+        partitions: Vec<TxnPartition>,
+    ) -> BoxFuture<'static, Result<Vec<Result<(), BrokerError>>, BrokerError>> {
+        let address = self.node.metadata().broker_internal_address(broker);
+        let channel = address
+            .ok_or_else(|| {
+                BrokerError::new(
+                    ErrorCode::NotLeaderOrFollower,
+                    format!("broker {broker} has no known internal address"),
+                )
+            })
+            .and_then(|a| self.channels.get(&a).map_err(error_of));
+        async move {
+            let request = WriteTxnMarkersRequest {
+                producer_id,
+                producer_epoch: i32::from(producer_epoch),
+                commit: marker.commit,
+                coordinator_epoch: marker.coordinator_epoch,
+                partitions: partitions
+                    .iter()
+                    .map(|(topic, partition)| TxnMarker {
+                        topic: topic.clone(),
+                        partition: *partition,
+                    })
+                    .collect(),
+            };
+            let mut client = TxnMarkersClient::new(channel?);
+            let response =
+                bounded("writing markers at a peer", client.write_markers(request)).await?;
+            Ok(response
+                .results
+                .into_iter()
+                .map(|r| match super::status::from_wire(r.error_code) {
+                    None => Ok(()),
+                    Some(code) => Err(BrokerError::new(code, r.error_message)),
+                })
+                .collect())
+        }
+        .boxed()
+    }
+}

@@ -1,0 +1,683 @@
+//! [`TxnCoordinator`]: serves the transactional ids whose `__transaction_state` partition
+//! this broker leads.
+//!
+//! Each change of an id's state is appended (key: the id, value: [`TxnMeta`] as JSON)
+//! with acks=all before it takes effect, so a new leader of the partition replays the
+//! log and carries on; a transaction it finds in `PrepareCommit`/`PrepareAbort` it
+//! completes. Completing writes a marker to every partition of the transaction (through
+//! each partition's leader, acks=all), then appends `CompleteCommit`/`CompleteAbort`.
+//! The coordinator epoch on the markers is the leader epoch of the state partition, so a
+//! partition refuses markers of a deposed coordinator.
+//!
+//! An id is busy while a change of it is being appended or its markers written: other
+//! requests for it get the retriable `CONCURRENT_TRANSACTIONS` rather than waiting,
+//! so no lock is held across I/O.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
+
+use super::state::{self, EndDecision, InitDecision, TxnMeta, TxnPartition, TxnState};
+use crate::broker::error::BrokerError;
+use crate::broker::node::{now_ms, Acks, BrokerNode};
+use crate::error_code::ErrorCode;
+use crate::partition::Isolation;
+use crate::record::control::ControlMarker;
+use crate::record::{decode_data_records, BatchBuilder, Compression, RecordRef};
+use crate::replication::replica::LocalPartition;
+use crate::types::{BrokerId, LeaderEpoch, Offset};
+
+/// The internal topic of transaction states.
+pub const TXN_TOPIC: &str = "__transaction_state";
+
+/// Longest transactional id.
+pub const TRANSACTIONAL_ID_MAX: usize = 255;
+
+/// Transaction settings of a broker.
+#[derive(Debug, Clone)]
+pub struct TxnSettings {
+    /// Partitions of `__transaction_state` when it is created.
+    pub partitions: u32,
+    /// Its replication factor (capped at the live brokers).
+    pub replication_factor: u32,
+    /// Timeout of a transaction whose producer asks for none.
+    pub timeout_default_ms: u32,
+    /// Largest timeout a producer may ask for.
+    pub timeout_max_ms: u32,
+    /// How long a state append or a marker may wait for replication.
+    pub write_timeout: Duration,
+    /// An id idle this long is forgotten (Kafka's `transactional.id.expiration.ms`); the
+    /// topic's retention drops its records too.
+    pub id_expiration: Duration,
+}
+
+impl Default for TxnSettings {
+    fn default() -> Self {
+        Self {
+            partitions: 50,
+            replication_factor: 3,
+            timeout_default_ms: 60_000,
+            timeout_max_ms: 900_000,
+            write_timeout: Duration::from_secs(10),
+            id_expiration: Duration::from_secs(7 * 24 * 3600),
+        }
+    }
+}
+
+/// What the coordinator needs from other brokers (over their internal listeners).
+pub trait MarkerPeers: Send + Sync + 'static {
+    /// Has `broker` append the marker ending `producer_id`'s transaction to each of
+    /// `partitions` (which it leads); one result per partition.
+    fn write_markers(
+        &self,
+        broker: BrokerId,
+        producer_id: i64,
+        producer_epoch: i16,
+        marker: ControlMarker,
+        partitions: Vec<TxnPartition>,
+    ) -> BoxFuture<'static, Result<Vec<Result<(), BrokerError>>, BrokerError>>;
+}
+
+/// One id as `describe` and `list` show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TxnDescription {
+    /// The transactional id.
+    pub id: String,
+    /// Its state.
+    pub meta: TxnMeta,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// State partitions loaded, at the leader epoch they were loaded for.
+    loaded: HashMap<u32, LeaderEpoch>,
+    /// Every id of the loaded partitions.
+    txns: HashMap<String, TxnMeta>,
+}
+
+/// The transaction coordinator of one broker.
+pub struct TxnCoordinator {
+    node: BrokerNode,
+    settings: TxnSettings,
+    peers: Arc<dyn MarkerPeers>,
+    inner: Mutex<Inner>,
+    /// Ids with a change or markers in flight.
+    busy: parking_lot::Mutex<HashSet<String>>,
+}
+
+fn error(code: ErrorCode, message: impl Into<String>) -> BrokerError {
+    BrokerError::new(code, message)
+}
+
+/// The `__transaction_state` partition of `id` among `partitions`.
+pub fn partition_for(id: &str, partitions: u32) -> u32 {
+    crc32c::crc32c(id.as_bytes()) % partitions.max(1)
+}
+
+/// Marks an id busy until dropped.
+struct Busy<'a> {
+    coordinator: &'a TxnCoordinator,
+    id: String,
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.coordinator.busy.lock().remove(&self.id);
+    }
+}
+
+impl TxnCoordinator {
+    /// A coordinator serving through `node`, reaching other brokers through `peers`.
+    pub fn new(node: BrokerNode, settings: TxnSettings, peers: Arc<dyn MarkerPeers>) -> Arc<Self> {
+        Arc::new(Self {
+            node,
+            settings,
+            peers,
+            inner: Mutex::new(Inner::default()),
+            busy: parking_lot::Mutex::new(HashSet::new()),
+        })
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &TxnSettings {
+        &self.settings
+    }
+
+    /// The state partition of `id`, from the topic's current partition count.
+    pub fn state_partition(&self, id: &str) -> Result<u32, BrokerError> {
+        check_id(id)?;
+        let t = self.node.metadata().topic(TXN_TOPIC).ok_or_else(|| {
+            error(
+                ErrorCode::NotCoordinator,
+                format!("{TXN_TOPIC} does not exist yet; ask FindCoordinator first"),
+            )
+        })?;
+        Ok(partition_for(id, t.partitions.len() as u32))
+    }
+
+    /// Checks that this broker coordinates `id` and that its partition is loaded; returns
+    /// the coordinator epoch (the state partition's leader epoch).
+    async fn own(&self, id: &str) -> Result<(u32, LeaderEpoch), BrokerError> {
+        let partition = self.state_partition(id)?;
+        let (local, epoch) =
+            self.node
+                .leader_partition(TXN_TOPIC, partition)
+                .map_err(|mut e| {
+                    let me = self.node.id();
+                    let elected = self.node.metadata().topic(TXN_TOPIC).is_some_and(|t| {
+                        t.partitions
+                            .get(partition as usize)
+                            .is_some_and(|p| p.leader == Some(me))
+                    });
+                    if e.code == ErrorCode::NotLeaderOrFollower && elected {
+                        e.code = ErrorCode::CoordinatorLoadInProgress;
+                    } else if e.code == ErrorCode::NotLeaderOrFollower {
+                        e.code = ErrorCode::NotCoordinator;
+                        e.message = format!(
+                            "broker {me} does not coordinate transactional id '{id}': {}",
+                            e.message
+                        );
+                    }
+                    e
+                })?;
+        self.load(partition, local, epoch).await?;
+        Ok((partition, epoch))
+    }
+
+    /// Loads the states of partition `partition` unless loaded for `epoch` already.
+    async fn load(
+        &self,
+        partition: u32,
+        local: Arc<LocalPartition>,
+        epoch: LeaderEpoch,
+    ) -> Result<(), BrokerError> {
+        if self.inner.lock().await.loaded.get(&partition) == Some(&epoch) {
+            return Ok(());
+        }
+        let loaded = tokio::task::spawn_blocking(move || replay(&local))
+            .await
+            .map_err(|e| error(ErrorCode::UnknownServerError, format!("load task: {e}")))??;
+        let count = self
+            .node
+            .metadata()
+            .topic(TXN_TOPIC)
+            .map_or(1, |t| t.partitions.len() as u32);
+        let mut inner = self.inner.lock().await;
+        if inner.loaded.get(&partition) == Some(&epoch) {
+            return Ok(());
+        }
+        inner
+            .txns
+            .retain(|id, _| partition_for(id, count) != partition);
+        let n = loaded.len();
+        let pending = loaded.values().filter(|m| m.state.is_prepare()).count();
+        inner.txns.extend(loaded);
+        inner.loaded.insert(partition, epoch);
+        tracing::info!(partition, %epoch, ids = n, completing = pending, "loaded transaction states");
+        Ok(())
+    }
+
+    /// Marks `id` busy, or answers CONCURRENT_TRANSACTIONS; returns its state.
+    async fn take(&self, id: &str) -> Result<(Busy<'_>, Option<TxnMeta>), BrokerError> {
+        if !self.busy.lock().insert(id.to_owned()) {
+            return Err(error(
+                ErrorCode::ConcurrentTransactions,
+                format!("transactional id '{id}' has a change in flight; retry"),
+            ));
+        }
+        let busy = Busy {
+            coordinator: self,
+            id: id.to_owned(),
+        };
+        let current = self.inner.lock().await.txns.get(id).cloned();
+        Ok((busy, current))
+    }
+
+    /// Appends `meta` as `id`'s state (acks=all), then takes it in memory.
+    async fn store(&self, partition: u32, id: &str, meta: &TxnMeta) -> Result<(), BrokerError> {
+        let value = serde_json::to_vec(meta).expect("serializable");
+        let mut b = BatchBuilder::new(Compression::None);
+        b.push(RecordRef {
+            timestamp: now_ms(),
+            key: Some(id.as_bytes()),
+            value: Some(&value),
+            headers: &[],
+        });
+        let batch = b.build(0).expect("one record");
+        self.node
+            .produce(
+                TXN_TOPIC,
+                partition,
+                batch,
+                Acks::All,
+                self.settings.write_timeout,
+            )
+            .await?;
+        self.inner
+            .lock()
+            .await
+            .txns
+            .insert(id.to_owned(), meta.clone());
+        Ok(())
+    }
+
+    /// A producer id and a new epoch for `id`; an open transaction of an older instance
+    /// is aborted first (at a bumped epoch, fencing it).
+    pub async fn init_producer_id(
+        &self,
+        id: &str,
+        timeout_ms: u32,
+    ) -> Result<(i64, i16), BrokerError> {
+        let timeout_ms = if timeout_ms == 0 {
+            self.settings.timeout_default_ms
+        } else {
+            timeout_ms
+        };
+        if timeout_ms > self.settings.timeout_max_ms {
+            return Err(error(
+                ErrorCode::InvalidTransactionTimeout,
+                format!(
+                    "transaction_timeout_ms {timeout_ms} is above transaction_max_timeout_ms {}",
+                    self.settings.timeout_max_ms
+                ),
+            ));
+        }
+        let (partition, coordinator_epoch) = self.own(id).await?;
+        let (busy, current) = self.take(id).await?;
+        let now = now_ms();
+        let mut decision = state::init(current.as_ref(), timeout_ms, now)?;
+        if let InitDecision::FenceAndAbort(prepare) = decision {
+            // The old instance's transaction ends before the new one starts.
+            tracing::info!(
+                transactional_id = id,
+                producer_id = prepare.producer_id,
+                epoch = prepare.producer_epoch,
+                "fencing a producer: aborting its open transaction"
+            );
+            self.store(partition, id, &prepare).await?;
+            self.complete(partition, id, &prepare, coordinator_epoch)
+                .await?;
+            let completed = state::complete(&prepare, now_ms());
+            decision = state::init(Some(&completed), timeout_ms, now_ms())?;
+        }
+        let meta = match decision {
+            InitDecision::Ready(Some(meta)) => meta,
+            InitDecision::Ready(None) => {
+                let pid = self
+                    .node
+                    .producer_ids()
+                    .next(Duration::from_secs(5))
+                    .await?;
+                state::fresh(pid, timeout_ms, now)
+            }
+            InitDecision::FenceAndAbort(_) => unreachable!("completed above"),
+        };
+        self.store(partition, id, &meta).await?;
+        drop(busy);
+        Ok((meta.producer_id, meta.producer_epoch))
+    }
+
+    /// Adds `partitions` to `id`'s transaction (opening it).
+    pub async fn add_partitions(
+        &self,
+        id: &str,
+        producer_id: i64,
+        producer_epoch: i16,
+        partitions: BTreeSet<TxnPartition>,
+    ) -> Result<(), BrokerError> {
+        for (topic, p) in &partitions {
+            if topic.starts_with("__") {
+                return Err(error(
+                    ErrorCode::InvalidRequest,
+                    format!("{topic}-{p}: internal topics cannot be written in a transaction"),
+                ));
+            }
+            if self.node.metadata().partition(topic, *p).is_none() {
+                return Err(error(
+                    ErrorCode::UnknownTopicOrPartition,
+                    format!("{topic}-{p} does not exist; nothing was added to the transaction"),
+                ));
+            }
+        }
+        let (partition, _) = self.own(id).await?;
+        let (busy, current) = self.take(id).await?;
+        let current = current.ok_or_else(|| not_found(id))?;
+        if let Some(next) = state::add_partitions(
+            id,
+            &current,
+            producer_id,
+            producer_epoch,
+            &partitions,
+            now_ms(),
+        )? {
+            self.store(partition, id, &next).await?;
+        }
+        drop(busy);
+        Ok(())
+    }
+
+    /// Commits or aborts `id`'s transaction. Answers once the decision is durable and,
+    /// unless a partition's leader is unreachable, its markers are written (else the
+    /// coordinator keeps trying; the producer's next transaction waits for it).
+    pub async fn end_txn(
+        &self,
+        id: &str,
+        producer_id: i64,
+        producer_epoch: i16,
+        commit: bool,
+    ) -> Result<(), BrokerError> {
+        let (partition, coordinator_epoch) = self.own(id).await?;
+        let (busy, current) = self.take(id).await?;
+        let current = current.ok_or_else(|| not_found(id))?;
+        let prepare = match state::end(id, &current, producer_id, producer_epoch, commit, now_ms())?
+        {
+            EndDecision::Done => return Ok(()),
+            EndDecision::Prepare(p) => p,
+        };
+        self.store(partition, id, &prepare).await?;
+        if let Err(e) = self
+            .complete(partition, id, &prepare, coordinator_epoch)
+            .await
+        {
+            tracing::warn!(transactional_id = id, error = %e, "markers not written yet; the coordinator retries");
+        }
+        drop(busy);
+        Ok(())
+    }
+
+    /// Writes the markers of a `Prepare*` state, then its `Complete*` state.
+    async fn complete(
+        &self,
+        partition: u32,
+        id: &str,
+        prepare: &TxnMeta,
+        coordinator_epoch: LeaderEpoch,
+    ) -> Result<(), BrokerError> {
+        let marker = ControlMarker {
+            commit: prepare.state == TxnState::PrepareCommit,
+            coordinator_epoch: coordinator_epoch.0,
+        };
+        let mut by_leader: BTreeMap<BrokerId, Vec<TxnPartition>> = BTreeMap::new();
+        for (topic, p) in &prepare.partitions {
+            match self.node.metadata().partition(topic, *p) {
+                // Deleted since: nothing left to mark.
+                None => continue,
+                Some((_, state)) => {
+                    let leader = state.leader.ok_or_else(|| {
+                        error(
+                            ErrorCode::NotLeaderOrFollower,
+                            format!("{topic}-{p} has no leader right now"),
+                        )
+                    })?;
+                    by_leader
+                        .entry(leader)
+                        .or_default()
+                        .push((topic.clone(), *p));
+                }
+            }
+        }
+        let me = self.node.id();
+        let writes = by_leader.into_iter().map(|(leader, parts)| {
+            let (pid, epoch) = (prepare.producer_id, prepare.producer_epoch);
+            async move {
+                let results = if leader == me {
+                    let local = parts.iter().map(|(t, p)| {
+                        self.node
+                            .write_marker(t, *p, pid, epoch, marker, self.settings.write_timeout)
+                    });
+                    futures_util::future::join_all(local).await
+                } else {
+                    self.peers
+                        .write_markers(leader, pid, epoch, marker, parts.clone())
+                        .await?
+                };
+                for ((t, p), r) in parts.iter().zip(results) {
+                    match r {
+                        Ok(()) => {}
+                        // The partition saw a newer epoch or coordinator: this transaction
+                        // was completed there already (a newer instance cannot start
+                        // before it is), or the topic is gone.
+                        Err(e) if matches!(
+                            e.code,
+                            ErrorCode::InvalidProducerEpoch
+                                | ErrorCode::TransactionCoordinatorFenced
+                                | ErrorCode::UnknownTopicOrPartition
+                        ) =>
+                        {
+                            tracing::debug!(topic = %t, partition = p, error = %e, "marker not needed");
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok::<(), BrokerError>(())
+            }
+        });
+        for r in futures_util::future::join_all(writes).await {
+            r?;
+        }
+        let done = state::complete(prepare, now_ms());
+        self.store(partition, id, &done).await?;
+        metrics::counter!(
+            "tidelog_transactions_completed_total",
+            "result" => if marker.commit { "commit" } else { "abort" }
+        )
+        .increment(1);
+        Ok(())
+    }
+
+    /// One housekeeping pass: loads the state partitions this broker leads, completes
+    /// transactions left in `Prepare*` (after a failover or a failed marker write),
+    /// aborts those past their timeout (fencing their producer), forgets idle ids.
+    pub async fn tick(&self) {
+        let me = self.node.id();
+        let led: Vec<u32> = self
+            .node
+            .metadata()
+            .topic(TXN_TOPIC)
+            .map_or_else(Vec::new, |t| {
+                t.partitions
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, p)| p.leader == Some(me))
+                    .map(|(i, _)| i as u32)
+                    .collect()
+            });
+        for partition in &led {
+            if let Ok((local, epoch)) = self.node.leader_partition(TXN_TOPIC, *partition) {
+                if let Err(e) = self.load(*partition, local, epoch).await {
+                    tracing::debug!(partition, error = %e, "loading transaction states");
+                }
+            }
+        }
+        let now = now_ms();
+        let expire_ms = self.settings.id_expiration.as_millis() as i64;
+        let work: Vec<(String, TxnMeta)> = {
+            let mut inner = self.inner.lock().await;
+            // Partitions led no more: forget them (a later leadership reloads).
+            let count = self
+                .node
+                .metadata()
+                .topic(TXN_TOPIC)
+                .map_or(1, |t| t.partitions.len() as u32);
+            inner.loaded.retain(|p, _| led.contains(p));
+            let loaded: HashSet<u32> = inner.loaded.keys().copied().collect();
+            inner.txns.retain(|id, m| {
+                loaded.contains(&partition_for(id, count))
+                    && (m.state == TxnState::Ongoing
+                        || m.state.is_prepare()
+                        || now.saturating_sub(m.updated_ms) < expire_ms)
+            });
+            inner
+                .txns
+                .iter()
+                .filter(|(_, m)| m.state.is_prepare() || state::timed_out(m, now))
+                .map(|(id, m)| (id.clone(), m.clone()))
+                .collect()
+        };
+        for (id, m) in work {
+            if let Err(e) = self.finish(&id, m).await {
+                tracing::debug!(transactional_id = %id, error = %e, "completing a transaction");
+            }
+        }
+    }
+
+    /// Completes `m` (a `Prepare*` state), or aborts it when it timed out.
+    async fn finish(&self, id: &str, m: TxnMeta) -> Result<(), BrokerError> {
+        let (partition, coordinator_epoch) = self.own(id).await?;
+        let (busy, current) = self.take(id).await?;
+        // It may have moved on while the pass was planned.
+        if current.as_ref() != Some(&m) {
+            return Ok(());
+        }
+        let prepare = if m.state.is_prepare() {
+            m
+        } else {
+            tracing::info!(
+                transactional_id = id,
+                producer_id = m.producer_id,
+                timeout_ms = m.timeout_ms,
+                "aborting a transaction past its timeout"
+            );
+            let p = state::prepare(
+                &m,
+                false,
+                (m.producer_epoch + 1).min(state::EPOCH_MAX),
+                now_ms(),
+            );
+            self.store(partition, id, &p).await?;
+            p
+        };
+        self.complete(partition, id, &prepare, coordinator_epoch)
+            .await?;
+        drop(busy);
+        Ok(())
+    }
+
+    /// Runs [`TxnCoordinator::tick`] every `interval` until `cancel`.
+    pub async fn run(self: Arc<Self>, interval: Duration, cancel: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(interval) => {}
+            }
+            self.tick().await;
+        }
+    }
+
+    /// The states of `ids` this broker coordinates (an id it does not: NOT_COORDINATOR;
+    /// unknown: TRANSACTIONAL_ID_NOT_FOUND).
+    pub async fn describe(&self, ids: &[String]) -> Vec<Result<TxnDescription, BrokerError>> {
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            let r = match self.own(id).await {
+                Err(e) => Err(e),
+                Ok(_) => self
+                    .inner
+                    .lock()
+                    .await
+                    .txns
+                    .get(id)
+                    .map(|m| TxnDescription {
+                        id: id.clone(),
+                        meta: m.clone(),
+                    })
+                    .ok_or_else(|| not_found(id)),
+            };
+            out.push(r);
+        }
+        out
+    }
+
+    /// Every id this broker coordinates (in `states`, when not empty), by id.
+    pub async fn list(&self, states: &[TxnState]) -> Vec<TxnDescription> {
+        self.tick_loads().await;
+        let inner = self.inner.lock().await;
+        let mut out: Vec<TxnDescription> = inner
+            .txns
+            .iter()
+            .filter(|(_, m)| states.is_empty() || states.contains(&m.state))
+            .map(|(id, m)| TxnDescription {
+                id: id.clone(),
+                meta: m.clone(),
+            })
+            .collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out
+    }
+
+    /// Loads every state partition this broker leads (so `list` is complete).
+    async fn tick_loads(&self) {
+        let me = self.node.id();
+        let Some(t) = self.node.metadata().topic(TXN_TOPIC) else {
+            return;
+        };
+        for (i, p) in t.partitions.iter().enumerate() {
+            if p.leader != Some(me) {
+                continue;
+            }
+            if let Ok((local, epoch)) = self.node.leader_partition(TXN_TOPIC, i as u32) {
+                let _ = self.load(i as u32, local, epoch).await;
+            }
+        }
+    }
+}
+
+fn not_found(id: &str) -> BrokerError {
+    error(
+        ErrorCode::TransactionalIdNotFound,
+        format!("transactional id '{id}' is unknown: call InitProducerId first"),
+    )
+}
+
+fn check_id(id: &str) -> Result<(), BrokerError> {
+    if id.is_empty() || id.len() > TRANSACTIONAL_ID_MAX {
+        return Err(error(
+            ErrorCode::InvalidRequest,
+            format!(
+                "transactional_id must be 1 to {TRANSACTIONAL_ID_MAX} bytes, got {}",
+                id.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The last state of every id in a state partition's log.
+fn replay(local: &LocalPartition) -> Result<HashMap<String, TxnMeta>, BrokerError> {
+    let mut out = HashMap::new();
+    let end = local.log.log_end_offset();
+    let mut next = local.log.log_start_offset();
+    while next < end {
+        let data = local
+            .log
+            .read(next, 1 << 20, Isolation::LogEnd)
+            .map_err(|e| BrokerError::from_log(&local.name(), e))?;
+        let records = decode_data_records(&data.records, 64 << 20)
+            .map_err(|e| error(ErrorCode::CorruptMessage, e.to_string()))?;
+        let Some(last) = records.last().map(|r| r.offset) else {
+            break;
+        };
+        for r in records.iter().filter(|r| r.offset as u64 >= next.0) {
+            let Some(id) = r.key.as_deref().and_then(|k| std::str::from_utf8(k).ok()) else {
+                continue;
+            };
+            match r.value.as_deref().map(serde_json::from_slice::<TxnMeta>) {
+                Some(Ok(m)) => {
+                    out.insert(id.to_owned(), m);
+                }
+                None => {
+                    out.remove(id);
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(partition = %local.name(), offset = r.offset, error = %e, "skipping an undecodable transaction state");
+                }
+            }
+        }
+        next = Offset(last as u64 + 1);
+    }
+    Ok(out)
+}
