@@ -101,6 +101,9 @@ mod tests {
         ErrorCode::InvalidUpdateVersion,
         ErrorCode::IneligibleReplica,
         ErrorCode::CorruptMessage,
+        // Kafka's table marks it non-retriable, but every Kafka client retries it (the
+        // previous transaction completes in a moment).
+        ErrorCode::ConcurrentTransactions,
     ];
 
     #[test]
