@@ -1,0 +1,303 @@
+//! Transactions against real servers: atomic writes over partitions of two topics seen
+//! whole (or never) by read-committed consumers, fencing of an older instance, the
+//! coordinator's timeout abort, and coded refusals of bad requests.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{cli, free_ports, standalone};
+use tidelog::client::consumer::{Consumer, StartAt};
+use tidelog::client::producer::{Producer, ProducerConfig, ProducerRecord};
+use tidelog::client::transactions::TxnClient;
+use tidelog::client::AdminClient;
+use tidelog::error_code::ErrorCode;
+
+/// A standalone server with topics `a` and `b` of 3 partitions each.
+async fn server() -> (tempfile::TempDir, common::Proc, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_ports(1)[0];
+    let proc = standalone(dir.path(), port);
+    let bootstrap = format!("127.0.0.1:{port}");
+    let admin = AdminClient::new(vec![bootstrap.clone()], Duration::from_secs(10));
+    for t in ["a", "b"] {
+        admin
+            .create_topic(t, Some(3), Some(1), Default::default())
+            .await
+            .unwrap();
+    }
+    (dir, proc, bootstrap)
+}
+
+fn transactional(bootstrap: &str, id: &str, timeout: Duration) -> Producer {
+    Producer::new(
+        vec![bootstrap.to_owned()],
+        ProducerConfig {
+            transactional_id: Some(id.to_owned()),
+            transaction_timeout: timeout,
+            linger: Duration::from_millis(1),
+            ..Default::default()
+        },
+    )
+}
+
+fn record(topic: &str, partition: u32, value: String) -> ProducerRecord {
+    ProducerRecord {
+        topic: topic.into(),
+        partition: Some(partition),
+        value: Some(Bytes::from(value)),
+        ..Default::default()
+    }
+}
+
+/// Every record of topics `a` and `b` from the start, per partition in offset order, read
+/// until three polls in a row bring nothing.
+async fn read(bootstrap: &str, committed: bool) -> BTreeMap<(String, u32), Vec<String>> {
+    let mut consumer = Consumer::new(vec![bootstrap.to_owned()], Duration::from_secs(20));
+    consumer.set_read_committed(committed);
+    for t in ["a", "b"] {
+        for p in 0..3 {
+            consumer.assign(t, p, StartAt::Earliest).await.unwrap();
+        }
+    }
+    let mut out: BTreeMap<(String, u32), Vec<String>> = BTreeMap::new();
+    let mut idle = 0;
+    while idle < 3 {
+        let records = consumer.poll(Duration::from_millis(300)).await.unwrap();
+        if records.is_empty() {
+            idle += 1;
+        }
+        for r in records {
+            idle = 0;
+            out.entry((r.topic.clone(), r.partition))
+                .or_default()
+                .push(String::from_utf8(r.value.unwrap().to_vec()).unwrap());
+        }
+    }
+    out
+}
+
+/// The test: 1,000 transactions over 6 partitions of two topics, each committed
+/// or aborted at random. A read-committed consumer sees exactly the committed records,
+/// each once and in order; a read-uncommitted one sees them all; control batches never
+/// reach either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_committed_sees_exactly_the_committed_transactions() {
+    const TRANSACTIONS: u64 = 1_000;
+    let (_dir, _server, bootstrap) = server().await;
+    let producer = transactional(&bootstrap, "pipeline", Duration::from_secs(60));
+    producer.init_transactions().await.unwrap();
+    let mut expected_committed: BTreeMap<(String, u32), Vec<String>> = BTreeMap::new();
+    let mut expected_all: BTreeMap<(String, u32), Vec<String>> = BTreeMap::new();
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let mut commits = 0;
+    for t in 0..TRANSACTIONS {
+        producer.begin_transaction().await.unwrap();
+        let mut written = Vec::new();
+        for i in 0..(1 + next() % 4) {
+            let topic = if next() % 2 == 0 { "a" } else { "b" };
+            let partition = (next() % 3) as u32;
+            let value = format!("t{t}-{i}");
+            drop(producer.send(record(topic, partition, value.clone())).await);
+            written.push(((topic.to_owned(), partition), value));
+        }
+        let commit = next() % 3 != 0;
+        if commit {
+            producer.commit_transaction().await.unwrap();
+            commits += 1;
+        } else {
+            producer.abort_transaction().await.unwrap();
+        }
+        for (key, value) in written {
+            if commit {
+                expected_committed
+                    .entry(key.clone())
+                    .or_default()
+                    .push(value.clone());
+            }
+            expected_all.entry(key).or_default().push(value);
+        }
+    }
+    assert!(commits > 500 && commits < 800, "{commits} commits");
+    let committed = read(&bootstrap, true).await;
+    assert_eq!(committed, expected_committed, "read_committed");
+    let all = read(&bootstrap, false).await;
+    assert_eq!(all, expected_all, "read_uncommitted");
+    // The CLI sees the same with --isolation read_committed.
+    let (ok, out, err) = cli(&[
+        "consume",
+        "--bootstrap",
+        &bootstrap,
+        "--topic",
+        "a",
+        "--from-beginning",
+        "--timeout-ms",
+        "2000",
+        "--isolation",
+        "read_committed",
+    ]);
+    assert!(ok, "{err}");
+    let cli_values: BTreeSet<&str> = out.lines().collect();
+    let expected_a: BTreeSet<&str> = expected_committed
+        .iter()
+        .filter(|((t, _), _)| t == "a")
+        .flat_map(|(_, v)| v.iter().map(String::as_str))
+        .collect();
+    assert_eq!(cli_values, expected_a);
+}
+
+/// An open transaction holds read-committed consumers back (the records after it too)
+/// until the coordinator aborts it at its timeout; the aborted producer is fenced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_transaction_is_aborted_at_its_timeout_and_fenced() {
+    let (_dir, _server, bootstrap) = server().await;
+    let stuck = transactional(&bootstrap, "stuck", Duration::from_secs(2));
+    stuck.init_transactions().await.unwrap();
+    stuck.begin_transaction().await.unwrap();
+    stuck
+        .send_sync(record("a", 0, "open".into()))
+        .await
+        .unwrap();
+    let plain = Producer::new(vec![bootstrap.clone()], ProducerConfig::default());
+    plain
+        .send_sync(record("a", 0, "after".into()))
+        .await
+        .unwrap();
+    let (ok, out, _) = cli(&[
+        "transactions",
+        "describe",
+        "--bootstrap",
+        &bootstrap,
+        "--transactional-id",
+        "stuck",
+        "--output",
+        "json",
+    ]);
+    assert!(ok);
+    let d: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(d["state"], "Ongoing", "{d}");
+    assert_eq!(d["partitions"][0]["topic"], "a", "{d}");
+    // Held back while open: the plain record behind it too.
+    let early = read(&bootstrap, true).await;
+    assert!(early.is_empty(), "{early:?}");
+    // The coordinator aborts it after 2 s; then the plain record shows, the open one never.
+    common::eventually(
+        "the timed-out transaction is aborted",
+        Duration::from_secs(20),
+        || {
+            let bootstrap = bootstrap.clone();
+            async move {
+                let seen = read(&bootstrap, true).await;
+                (seen.get(&("a".to_owned(), 0)) == Some(&vec!["after".to_owned()])).then_some(())
+            }
+        },
+    )
+    .await;
+    let e = stuck.commit_transaction().await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::ProducerFenced, "{e}");
+    let (ok, out, _) = cli(&[
+        "transactions",
+        "list",
+        "--bootstrap",
+        &bootstrap,
+        "--state",
+        "CompleteAbort",
+    ]);
+    assert!(ok && out.contains("stuck"), "{out}");
+}
+
+/// A new instance of a transactional id fences the old one: its open transaction is
+/// aborted, its writes and its commit are refused, and only the new instance's records
+/// are committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_instance_fences_the_old_one() {
+    let (_dir, _server, bootstrap) = server().await;
+    let old = transactional(&bootstrap, "app", Duration::from_secs(60));
+    old.init_transactions().await.unwrap();
+    old.begin_transaction().await.unwrap();
+    old.send_sync(record("a", 1, "old-1".into())).await.unwrap();
+    let new = transactional(&bootstrap, "app", Duration::from_secs(60));
+    new.init_transactions().await.unwrap();
+    // The old epoch is refused by the partition and by the coordinator.
+    let write = old.send_sync(record("a", 1, "old-2".into())).await;
+    assert!(
+        matches!(write, Err(ref e) if e.code == ErrorCode::InvalidProducerEpoch),
+        "{write:?}"
+    );
+    let e = old.commit_transaction().await.unwrap_err();
+    assert!(
+        matches!(
+            e.code,
+            ErrorCode::InvalidTxnState | ErrorCode::ProducerFenced
+        ),
+        "{e}"
+    );
+    new.begin_transaction().await.unwrap();
+    new.send_sync(record("a", 1, "new-1".into())).await.unwrap();
+    new.commit_transaction().await.unwrap();
+    let seen = read(&bootstrap, true).await;
+    assert_eq!(
+        seen.get(&("a".to_owned(), 1)),
+        Some(&vec!["new-1".to_owned()])
+    );
+}
+
+/// Bad requests get their codes and change nothing a read-committed consumer sees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_transaction_requests_get_coded_errors() {
+    let (_dir, _server, bootstrap) = server().await;
+    let client = TxnClient::new(vec![bootstrap.clone()], Duration::from_secs(10));
+    // Unknown id.
+    let e = client.end("nobody", (1, 0), true).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::TransactionalIdNotFound, "{e}");
+    let (pid, epoch) = client.init_producer_id("bad", 0).await.unwrap();
+    // Commit without begin.
+    let e = client.end("bad", (pid, epoch), true).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidTxnState, "{e}");
+    // A nonexistent partition, an internal topic.
+    let e = client
+        .add_partitions("bad", (pid, epoch), &[("a".into(), 7)])
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::UnknownTopicOrPartition, "{e}");
+    let e = client
+        .add_partitions("bad", (pid, epoch), &[("__transaction_state".into(), 0)])
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidRequest, "{e}");
+    // A fenced epoch and a wrong producer id.
+    client.init_producer_id("bad", 0).await.unwrap();
+    let e = client
+        .add_partitions("bad", (pid, epoch), &[("a".into(), 0)])
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::ProducerFenced, "{e}");
+    let e = client
+        .add_partitions("bad", (pid + 1000, epoch + 1), &[("a".into(), 0)])
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidProducerIdMapping, "{e}");
+    // A timeout above the maximum, an empty id.
+    let e = client.init_producer_id("bad", 3_600_000).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidTransactionTimeout, "{e}");
+    let e = client.init_producer_id("", 0).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidRequest, "{e}");
+    // A producer used without init, or sending outside a transaction.
+    let p = transactional(&bootstrap, "lazy", Duration::from_secs(60));
+    let e = p.begin_transaction().await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidTxnState, "{e}");
+    p.init_transactions().await.unwrap();
+    let e = p.send_sync(record("a", 0, "x".into())).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidTxnState, "{e}");
+    let e = p.commit_transaction().await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidTxnState, "{e}");
+    assert!(read(&bootstrap, true).await.is_empty());
+}
