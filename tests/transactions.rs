@@ -86,7 +86,7 @@ async fn read(bootstrap: &str, committed: bool) -> BTreeMap<(String, u32), Vec<S
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_committed_sees_exactly_the_committed_transactions() {
     const TRANSACTIONS: u64 = 1_000;
-    let (_dir, _server, bootstrap) = server().await;
+    let (dir, _server, bootstrap) = server().await;
     let producer = transactional(&bootstrap, "pipeline", Duration::from_secs(60));
     producer.init_transactions().await.unwrap();
     let mut expected_committed: BTreeMap<(String, u32), Vec<String>> = BTreeMap::new();
@@ -152,6 +152,27 @@ async fn read_committed_sees_exactly_the_committed_transactions() {
         .flat_map(|(_, v)| v.iter().map(String::as_str))
         .collect();
     assert_eq!(cli_values, expected_a);
+    // dump-log shows the markers and the aborted-transaction index.
+    let partition_dir = dir.path().join("data").join("a-0");
+    let txnindex = std::fs::read_dir(&partition_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "txnindex"))
+        .expect("a .txnindex in a-0");
+    let (ok, out, err) = cli(&["dump-log", "--output", "json", txnindex.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let entries: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(!entries.is_empty());
+    assert!(entries
+        .iter()
+        .all(|e| e["first_offset"].as_u64() < e["last_offset"].as_u64()));
+    let log = txnindex.with_extension("log");
+    let (ok, out, err) = cli(&["dump-log", "--output", "json", log.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(out.contains("\"control\":true"), "markers are listed");
 }
 
 /// An open transaction holds read-committed consumers back (the records after it too)

@@ -9,6 +9,8 @@
 //!   when it is beside the index.
 //! - `.tagindex`: every entry with the tag the log holds at its offset, and every tagged
 //!   record of the log that has no entry (the index must hold exactly the tagged records).
+//! - `.txnindex`: every aborted transaction (producer id, first offset, marker offset,
+//!   last stable offset); an entry that does not decode is reported.
 //!
 //! Exits non-zero when any file is damaged, after printing everything readable.
 
@@ -17,6 +19,8 @@ use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use base64::Engine;
+
+use crate::partition::txn_index::{decode_entry, TXN_ENTRY_SIZE, TXN_INDEX_SUFFIX};
 use serde_json::{json, Map, Value};
 
 use crate::partition::MAX_UNCOMPRESSED_BATCH_BYTES;
@@ -55,10 +59,11 @@ pub fn run(args: &DumpLogArgs) -> Result<(), CliError> {
             LOG_SUFFIX => dump_log_file(path, args, &mut out),
             INDEX_SUFFIX | TIME_INDEX_SUFFIX => dump_index_file(path, kind, args.output, &mut out),
             TAG_INDEX_SUFFIX => dump_tag_index_file(path, args.output, &mut out),
+            TXN_INDEX_SUFFIX => dump_txn_index_file(path, args.output, &mut out),
             _ => Err(CliError::new(
                 "INVALID_ARGUMENT",
                 format!(
-                    "{}: not a .log, .index, .timeindex or .tagindex file",
+                    "{}: not a .log, .index, .timeindex, .tagindex or .txnindex file",
                     path.display()
                 ),
             )),
@@ -466,6 +471,50 @@ fn dump_index_file(
 
 /// One tagged record as the log holds it: (position of its batch, tag hash, tag).
 type LoggedTag = (u64, u32, String);
+
+/// Dumps a `.txnindex`: every aborted transaction; entries that do not decode (or a
+/// partial tail) are reported as damage.
+fn dump_txn_index_file(
+    path: &Path,
+    output: OutputFormat,
+    out: &mut impl Write,
+) -> Result<Vec<CliError>, CliError> {
+    let bytes = read_index(path)?;
+    if output == OutputFormat::Table {
+        write_line(out, &format!("Dumping {}", path.display()))?;
+    }
+    let mut problems = Vec::new();
+    for (i, chunk) in bytes.chunks(TXN_ENTRY_SIZE).enumerate() {
+        let position = i * TXN_ENTRY_SIZE;
+        let Some(e) = decode_entry(chunk) else {
+            problems.push(CliError::new(
+                "CORRUPT_MESSAGE",
+                format!(
+                    "{}: entry at byte {position} ({} bytes) does not decode",
+                    path.display(),
+                    chunk.len()
+                ),
+            ));
+            continue;
+        };
+        let line = match output {
+            OutputFormat::Json => json!({
+                "position": position,
+                "producer_id": e.producer_id,
+                "first_offset": e.first_offset,
+                "last_offset": e.last_offset,
+                "last_stable_offset": e.last_stable_offset,
+            })
+            .to_string(),
+            OutputFormat::Table => format!(
+                "producerId: {} firstOffset: {} lastOffset: {} lastStableOffset: {}",
+                e.producer_id, e.first_offset, e.last_offset, e.last_stable_offset
+            ),
+        };
+        write_line(out, &line)?;
+    }
+    Ok(problems)
+}
 
 /// Dumps a `.tagindex`: every entry with the tag the log holds at its offset, then any
 /// tagged record of the log the index lacks. Both kinds of disagreement are reported.
