@@ -265,6 +265,7 @@ async fn three_brokers_serve_a_twelve_partition_topic_through_any_bootstrap() {
         .await
         .unwrap();
     let produce = |topic: &str, partition: u32, value: Vec<u8>| ProduceRequest {
+        transactional_id: None,
         acks: Some(1),
         timeout_ms: 1000,
         topics: vec![TopicProduceData {
@@ -327,6 +328,7 @@ async fn three_brokers_serve_a_twelve_partition_topic_through_any_bootstrap() {
     );
     let empty = lead
         .produce(ProduceRequest {
+            transactional_id: None,
             acks: Some(1),
             timeout_ms: 1000,
             topics: vec![],

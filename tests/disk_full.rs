@@ -83,6 +83,7 @@ async fn produce(address: &str, value: &str) -> Result<i64, (ErrorCode, String)>
         .map_err(|e| (ErrorCode::NetworkException, e.to_string()))?;
     let r = client
         .produce(ProduceRequest {
+            transactional_id: None,
             acks: Some(1),
             timeout_ms: 5_000,
             topics: vec![TopicProduceData {

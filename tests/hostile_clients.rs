@@ -27,6 +27,7 @@ const CONNECTIONS_MAX: usize = 100;
 
 fn produce_request(records: Vec<Record>, raw: Vec<u8>) -> ProduceRequest {
     ProduceRequest {
+        transactional_id: None,
         acks: Some(-1),
         timeout_ms: 5_000,
         topics: vec![TopicProduceData {

@@ -69,6 +69,7 @@ async fn log_end(bootstrap: &str, topic: &str) -> i64 {
 
 fn produce_request(topic: &str, data: PartitionProduceData) -> ProduceRequest {
     ProduceRequest {
+        transactional_id: None,
         acks: Some(1),
         timeout_ms: 5_000,
         topics: vec![TopicProduceData {
@@ -363,6 +364,7 @@ async fn requests_naming_too_many_partitions_are_refused() {
     assert_eq!(r.into_inner().topics[0].partitions.len(), 1_000);
 
     let produce = ProduceRequest {
+        transactional_id: None,
         acks: Some(1),
         timeout_ms: 5_000,
         topics: vec![TopicProduceData {
@@ -490,6 +492,7 @@ async fn a_fetch_response_stays_within_max_bytes_across_partitions() {
     let mut left: Vec<u32> = (0..PARTITIONS).collect();
     for _ in 0..100 {
         let produce = ProduceRequest {
+            transactional_id: None,
             acks: Some(-1),
             timeout_ms: 5_000,
             topics: vec![TopicProduceData {

@@ -84,6 +84,7 @@ async fn thousands_of_partitions_open_with_about_one_descriptor_each() {
         .step_by((partitions as usize / 50).max(1))
         .collect();
     let request = ProduceRequest {
+        transactional_id: None,
         acks: Some(-1),
         timeout_ms: 30_000,
         topics: vec![TopicProduceData {

@@ -118,6 +118,7 @@ async fn produce_once(
         .await
         .map_err(|e| (ErrorCode::RequestTimedOut, e.to_string()))?;
     let request = ProduceRequest {
+        transactional_id: None,
         acks: Some(acks),
         timeout_ms: 5_000,
         topics: vec![TopicProduceData {

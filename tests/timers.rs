@@ -177,6 +177,7 @@ async fn produce_raw(
     records: Vec<Record>,
 ) -> PartitionProduceResponse {
     let request = ProduceRequest {
+        transactional_id: None,
         acks: Some(-1),
         timeout_ms: 5_000,
         topics: vec![TopicProduceData {

@@ -250,7 +250,7 @@ async fn a_new_instance_fences_the_old_one() {
     // The old epoch is refused by the partition and by the coordinator.
     let write = old.send_sync(record("a", 1, "old-2".into())).await;
     assert!(
-        matches!(write, Err(ref e) if e.code == ErrorCode::InvalidProducerEpoch),
+        matches!(write, Err(ref e) if matches!(e.code, ErrorCode::InvalidProducerEpoch | ErrorCode::ProducerFenced)),
         "{write:?}"
     );
     let e = old.commit_transaction().await.unwrap_err();
@@ -321,4 +321,82 @@ async fn bad_transaction_requests_get_coded_errors() {
     let e = p.commit_transaction().await.unwrap_err();
     assert_eq!(e.code, ErrorCode::InvalidTxnState, "{e}");
     assert!(read(&bootstrap, true).await.is_empty());
+}
+
+/// A transactional batch is accepted only from a transactional producer, in a partition
+/// added to its open transaction: a client cannot open a transaction that no coordinator
+/// would end (read-committed consumers would wait behind it for ever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactional_batches_outside_a_transaction_are_refused() {
+    use tidelog::api::proto::broker_client::BrokerClient;
+    use tidelog::api::proto::{PartitionProduceData, ProduceRequest, TopicProduceData};
+    use tidelog::record::{BatchBuilder, Compression, RecordRef};
+
+    let (_dir, _server, bootstrap) = server().await;
+    let client = TxnClient::new(vec![bootstrap.clone()], Duration::from_secs(10));
+    let (pid, epoch) = client.init_producer_id("raw", 0).await.unwrap();
+    let mut b = BatchBuilder::new(Compression::None)
+        .producer(pid, epoch, 0)
+        .transactional(true);
+    b.push(RecordRef {
+        timestamp: 1,
+        key: None,
+        value: Some(b"sneaky"),
+        headers: &[],
+    });
+    let batch = b.build(0).unwrap();
+    let broker = BrokerClient::connect(format!("http://{bootstrap}"))
+        .await
+        .unwrap();
+    let produce = |id: Option<&str>| {
+        let request = ProduceRequest {
+            acks: Some(-1),
+            timeout_ms: 5_000,
+            transactional_id: id.map(str::to_owned),
+            topics: vec![TopicProduceData {
+                topic: "a".into(),
+                partitions: vec![PartitionProduceData {
+                    partition: 0,
+                    record_batches: batch.clone().into(),
+                    ..Default::default()
+                }],
+            }],
+        };
+        let mut broker = broker.clone();
+        async move {
+            let r = broker.produce(request).await.unwrap().into_inner();
+            let code = r.topics[0].partitions[0].error_code;
+            tidelog::api::status::from_wire(code)
+        }
+    };
+    // Without a transactional id; with one whose transaction does not hold the partition.
+    assert_eq!(produce(None).await, Some(ErrorCode::InvalidRecord));
+    assert_eq!(produce(Some("raw")).await, Some(ErrorCode::InvalidTxnState));
+    // (Its state partition may still be taking leadership: a retriable answer, retried.)
+    let mut unknown = produce(Some("nobody")).await;
+    for _ in 0..100 {
+        if unknown != Some(ErrorCode::CoordinatorLoadInProgress) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        unknown = produce(Some("nobody")).await;
+    }
+    assert_eq!(unknown, Some(ErrorCode::TransactionalIdNotFound));
+    // Nothing was written and nothing holds read-committed consumers back.
+    let plain = Producer::new(vec![bootstrap.clone()], ProducerConfig::default());
+    plain
+        .send_sync(record("a", 0, "plain".into()))
+        .await
+        .unwrap();
+    let seen = read(&bootstrap, true).await;
+    assert_eq!(
+        seen.get(&("a".to_owned(), 0)),
+        Some(&vec!["plain".to_owned()])
+    );
+    // Once added, the same batch is accepted.
+    client
+        .add_partitions("raw", (pid, epoch), &[("a".into(), 0)])
+        .await
+        .unwrap();
+    assert_eq!(produce(Some("raw")).await, None);
 }

@@ -330,11 +330,14 @@ impl Broker for BrokerService {
         });
         // Every partition at once: acks=all waits overlap instead of adding up.
         let mut pending = Vec::new();
+        let transactional_id = r.transactional_id.as_deref();
         for t in &r.topics {
             for p in &t.partitions {
                 let topic = t.topic.as_str();
                 pending.push(async move {
-                    let outcome = self.produce_partition(topic, p, acks, timeout).await;
+                    let outcome = self
+                        .produce_partition(topic, p, acks, timeout, transactional_id)
+                        .await;
                     (topic, p.partition, outcome)
                 });
             }
@@ -658,11 +661,18 @@ impl BrokerService {
         p: &proto::PartitionProduceData,
         acks: i32,
         timeout: Duration,
+        transactional_id: Option<&str>,
     ) -> Result<(i64, i64, Vec<String>), BrokerError> {
         let delayed = |r: &proto::Record| r.delay_ms.is_some() || r.deliver_at_ms.is_some();
         if !p.records.iter().any(delayed) {
             return self
-                .produce_one(topic, p.partition, encode_records(p)?, acks, timeout)
+                .produce_one(
+                    topic,
+                    p.partition,
+                    encode_records(p)?,
+                    (acks, timeout),
+                    transactional_id,
+                )
                 .await;
         }
         validation::check_client_may_change(topic, "produce to")
@@ -732,8 +742,8 @@ impl BrokerService {
         topic: &str,
         partition: u32,
         bytes: Vec<u8>,
-        acks: i32,
-        timeout: Duration,
+        (acks, timeout): (i32, Duration),
+        transactional_id: Option<&str>,
     ) -> Result<(i64, i64, Vec<String>), BrokerError> {
         validation::check_client_may_change(topic, "produce to")
             .map_err(|e| BrokerError::new(e.code, e.message))?;
@@ -762,7 +772,7 @@ impl BrokerService {
         let acks = if acks == -1 { Acks::All } else { Acks::Leader };
         let produced = self
             .node
-            .produce(topic, partition, bytes, acks, timeout)
+            .produce_as(topic, partition, bytes, acks, timeout, transactional_id)
             .await?;
         Ok((
             produced.base_offset.map_or(-1, |o| o.as_i64()),

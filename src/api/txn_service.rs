@@ -20,10 +20,12 @@ use super::proto::{
     DescribeTransactionsResponse, EndTxnRequest, EndTxnResponse, FindTxnCoordinatorRequest,
     FindTxnCoordinatorResponse, InitTxnProducerRequest, InitTxnProducerResponse,
     ListTransactionsRequest, ListTransactionsResponse, TransactionDescription, TxnMarker,
-    TxnMarkerResult, TxnTopicPartitions, WriteTxnMarkersRequest, WriteTxnMarkersResponse,
+    TxnMarkerResult, TxnTopicPartitions, VerifyTxnPartitionRequest, VerifyTxnPartitionResponse,
+    WriteTxnMarkersRequest, WriteTxnMarkersResponse,
 };
 use super::status::{error_status, to_wire};
 use super::timer_service::{bounded, error_of};
+use crate::broker::node::TxnVerifier;
 use crate::broker::txn::coordinator::partition_for;
 use crate::broker::txn::state::{TxnMeta, TxnPartition, TxnState};
 use crate::broker::txn::{MarkerPeers, TxnCoordinator, TxnDescription, TXN_TOPIC};
@@ -276,16 +278,13 @@ impl Transactions for TxnService {
 /// Serves `TxnMarkers` on the internal listener.
 pub struct TxnMarkerService {
     node: BrokerNode,
-    write_timeout: Duration,
+    coordinator: Arc<TxnCoordinator>,
 }
 
 impl TxnMarkerService {
-    /// Markers written through `node`, each waiting up to `write_timeout`.
-    pub fn new(node: BrokerNode, write_timeout: Duration) -> Self {
-        Self {
-            node,
-            write_timeout,
-        }
+    /// Markers written through `node`; verifications answered by `coordinator`.
+    pub fn new(node: BrokerNode, coordinator: Arc<TxnCoordinator>) -> Self {
+        Self { node, coordinator }
     }
 }
 
@@ -301,15 +300,10 @@ impl TxnMarkers for TxnMarkerService {
             commit: r.commit,
             coordinator_epoch: r.coordinator_epoch,
         };
+        let timeout = self.coordinator.settings().write_timeout;
         let writes = r.partitions.iter().map(|p| {
-            self.node.write_marker(
-                &p.topic,
-                p.partition,
-                r.producer_id,
-                epoch,
-                marker,
-                self.write_timeout,
-            )
+            self.node
+                .write_marker(&p.topic, p.partition, r.producer_id, epoch, marker, timeout)
         });
         let results = futures_util::future::join_all(writes)
             .await
@@ -330,6 +324,123 @@ impl TxnMarkers for TxnMarkerService {
             })
             .collect();
         Ok(Response::new(WriteTxnMarkersResponse { results }))
+    }
+
+    async fn verify(
+        &self,
+        request: Request<VerifyTxnPartitionRequest>,
+    ) -> Result<Response<VerifyTxnPartitionResponse>, Status> {
+        let r = request.into_inner();
+        self.coordinator
+            .verify(
+                &r.transactional_id,
+                r.producer_id,
+                epoch_of(r.producer_epoch)?,
+                &r.topic,
+                r.partition,
+            )
+            .await
+            .map_err(status)?;
+        Ok(Response::new(VerifyTxnPartitionResponse {}))
+    }
+}
+
+/// Answers a partition leader's "is this partition in the transaction?" at the id's
+/// coordinator: this broker's, or another's over its internal listener.
+pub struct CoordinatorVerifier {
+    node: BrokerNode,
+    coordinator: Arc<TxnCoordinator>,
+    channels: PeerChannels,
+}
+
+impl CoordinatorVerifier {
+    /// A verifier reaching other brokers with `secret`.
+    pub fn new(
+        node: BrokerNode,
+        coordinator: Arc<TxnCoordinator>,
+        secret: Arc<ClusterSecret>,
+    ) -> Self {
+        Self {
+            node,
+            coordinator,
+            channels: PeerChannels::new(secret),
+        }
+    }
+}
+
+impl TxnVerifier for CoordinatorVerifier {
+    fn verify(
+        &self,
+        transactional_id: String,
+        producer_id: i64,
+        producer_epoch: i16,
+        topic: String,
+        partition: u32,
+    ) -> BoxFuture<'static, Result<(), BrokerError>> {
+        let coordinator = self.coordinator.clone();
+        let leader = coordinator
+            .state_partition(&transactional_id)
+            .and_then(|p| {
+                self.node
+                    .metadata()
+                    .partition(TXN_TOPIC, p)
+                    .and_then(|(_, s)| s.leader)
+                    .ok_or_else(|| {
+                        BrokerError::new(
+                            ErrorCode::NotCoordinator,
+                            format!("{TXN_TOPIC}-{p} has no leader right now"),
+                        )
+                    })
+            });
+        let me = self.node.id();
+        let channel = match &leader {
+            Ok(l) if *l != me => Some(
+                self.node
+                    .metadata()
+                    .broker_internal_address(*l)
+                    .ok_or_else(|| {
+                        BrokerError::new(
+                            ErrorCode::NotCoordinator,
+                            format!("broker {l} has no known internal address"),
+                        )
+                    })
+                    .and_then(|a| self.channels.get(&a).map_err(error_of)),
+            ),
+            _ => None,
+        };
+        async move {
+            leader?;
+            match channel {
+                None => {
+                    coordinator
+                        .verify(
+                            &transactional_id,
+                            producer_id,
+                            producer_epoch,
+                            &topic,
+                            partition,
+                        )
+                        .await
+                }
+                Some(channel) => {
+                    let request = VerifyTxnPartitionRequest {
+                        transactional_id,
+                        producer_id,
+                        producer_epoch: i32::from(producer_epoch),
+                        topic,
+                        partition,
+                    };
+                    let mut client = TxnMarkersClient::new(channel?);
+                    bounded(
+                        "verifying a transaction at its coordinator",
+                        client.verify(request),
+                    )
+                    .await
+                    .map(|_| ())
+                }
+            }
+        }
+        .boxed()
     }
 }
 

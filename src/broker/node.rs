@@ -90,6 +90,21 @@ pub trait BatchScheduler: Send + Sync + 'static {
     ) -> futures_util::future::BoxFuture<'static, Result<Vec<String>, BrokerError>>;
 }
 
+/// Answers whether a partition is in a transactional id's open transaction (the
+/// transaction coordinator, which sits above this module).
+pub trait TxnVerifier: Send + Sync + 'static {
+    /// Ok when `topic`-`partition` was added to `transactional_id`'s open transaction of
+    /// `producer_id` at `producer_epoch`.
+    fn verify(
+        &self,
+        transactional_id: String,
+        producer_id: i64,
+        producer_epoch: i16,
+        topic: String,
+        partition: u32,
+    ) -> futures_util::future::BoxFuture<'static, Result<(), BrokerError>>;
+}
+
 /// How many replicas must hold a produce before it is acknowledged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Acks {
@@ -173,6 +188,7 @@ pub struct BrokerNode {
     traffic: Arc<super::traffic::Traffic>,
     /// Where batches with scheduling headers go, once the timers are set up.
     scheduler: Arc<std::sync::OnceLock<Arc<dyn BatchScheduler>>>,
+    txn_verifier: Arc<std::sync::OnceLock<Arc<dyn TxnVerifier>>>,
 }
 
 impl BrokerNode {
@@ -198,11 +214,17 @@ impl BrokerNode {
             isr_changes,
             producer_ids,
             scheduler: Arc::default(),
+            txn_verifier: Arc::default(),
         }
     }
 
     /// Sends client batches with scheduling headers to `scheduler` from now on (without
     /// one they are refused with INVALID_DELAY). Set once; later calls are ignored.
+    pub fn set_txn_verifier(&self, verifier: Arc<dyn TxnVerifier>) {
+        let _ = self.txn_verifier.set(verifier);
+    }
+
+    /// Sets who schedules batches with scheduling headers (once, at start-up).
     pub fn set_scheduler(&self, scheduler: Arc<dyn BatchScheduler>) {
         let _ = self.scheduler.set(scheduler);
     }
@@ -379,9 +401,27 @@ impl BrokerNode {
         &self,
         topic: &str,
         partition: u32,
+        batches: Vec<u8>,
+        acks: Acks,
+        timeout: Duration,
+    ) -> Result<Produced, BrokerError> {
+        self.produce_as(topic, partition, batches, acks, timeout, None)
+            .await
+    }
+
+    /// [`BrokerNode::produce`] for a producer that may write transactional batches:
+    /// they need its `transactional_id`, and a producer's first one in this partition
+    /// is accepted only once the coordinator confirms the partition is in its open
+    /// transaction (Kafka's KIP-890), so no client can open a transaction here that no
+    /// coordinator would end.
+    pub async fn produce_as(
+        &self,
+        topic: &str,
+        partition: u32,
         mut batches: Vec<u8>,
         acks: Acks,
         timeout: Duration,
+        transactional_id: Option<&str>,
     ) -> Result<Produced, BrokerError> {
         // Fail fast on a partition we do not lead; then the lease; then look again, as
         // the metadata may have moved while the lease was confirmed.
@@ -389,6 +429,8 @@ impl BrokerNode {
         self.wait_for_write_permission(topic, partition, timeout)
             .await?;
         let (local, epoch) = self.leader_partition(topic, partition)?;
+        self.verify_transactional(&local, topic, partition, &batches, transactional_id)
+            .await?;
         let min_isr = local.log.min_insync_replicas() as usize;
         if acks == Acks::All {
             let isr = local.isr_size(epoch).unwrap_or(0);
@@ -444,6 +486,54 @@ impl BrokerNode {
             log_start_offset: local.log.log_start_offset(),
             scheduled_ids: Vec::new(),
         })
+    }
+
+    /// Checks the transactional batches of a produce (see [`BrokerNode::produce_as`]).
+    async fn verify_transactional(
+        &self,
+        local: &LocalPartition,
+        topic: &str,
+        partition: u32,
+        batches: &[u8],
+        transactional_id: Option<&str>,
+    ) -> Result<(), BrokerError> {
+        let mut producers: Vec<(i64, i16)> = crate::record::BatchIter::new(batches)
+            .filter_map(Result::ok)
+            .map(|b| *b.header())
+            .filter(|h| h.is_transactional() && !h.is_control())
+            .map(|h| (h.producer_id, h.producer_epoch))
+            .collect();
+        producers.dedup();
+        if producers.is_empty() {
+            return Ok(());
+        }
+        let Some(id) = transactional_id.filter(|id| !id.is_empty()) else {
+            return Err(BrokerError::new(
+                ErrorCode::InvalidRecord,
+                format!("{topic}-{partition}: a transactional batch (attribute bit 4) needs the request's transactional_id; only transactional producers write them"),
+            ));
+        };
+        for (producer_id, producer_epoch) in producers {
+            if local.log.has_open_transaction(producer_id) {
+                continue;
+            }
+            let verifier = self.txn_verifier.get().ok_or_else(|| {
+                BrokerError::new(
+                    ErrorCode::InvalidTxnState,
+                    "this broker has no transaction coordinator",
+                )
+            })?;
+            verifier
+                .verify(
+                    id.to_owned(),
+                    producer_id,
+                    producer_epoch,
+                    topic.to_owned(),
+                    partition,
+                )
+                .await?;
+        }
+        Ok(())
     }
 
     /// Appends the marker ending `producer_id`'s transaction to a partition this broker

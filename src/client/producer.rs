@@ -1370,6 +1370,7 @@ async fn send_request(
         }
     }
     let request = ProduceRequest {
+        transactional_id: shared.txn.as_ref().map(|t| t.id.clone()),
         acks: Some(acks),
         timeout_ms: shared.config.request_timeout.as_millis() as u32,
         topics,

@@ -1004,6 +1004,15 @@ impl PartitionLog {
         Offset(self.state.read().last_stable_offset())
     }
 
+    /// Whether `producer_id` has an open transaction in this partition.
+    pub fn has_open_transaction(&self, producer_id: i64) -> bool {
+        self.state
+            .read()
+            .producers
+            .get(producer_id)
+            .is_some_and(|e| e.txn_first_offset.is_some())
+    }
+
     /// Open transactions: (first offset, producer id), earliest first.
     pub fn open_transactions(&self) -> Vec<(Offset, i64)> {
         self.state

@@ -24,7 +24,9 @@ use crate::api::proto::txn_markers_server::TxnMarkersServer;
 use crate::api::replication_service::ReplicationService;
 use crate::api::request_metrics::RequestMetricsLayer;
 use crate::api::timer_service::{TimerFront, TimerPeerClient, TimerService};
-use crate::api::txn_service::{MarkerPeerClient, TxnMarkerService, TxnService};
+use crate::api::txn_service::{
+    CoordinatorVerifier, MarkerPeerClient, TxnMarkerService, TxnService,
+};
 use crate::broker::controller_link::{BrokerIdentity, ControllerLink};
 use crate::broker::group::{GroupCoordinator, GroupSettings};
 use crate::broker::lease::LeaderLease;
@@ -209,6 +211,11 @@ impl BrokerRuntime {
             },
             Arc::new(MarkerPeerClient::new(node.clone(), secret.clone())),
         );
+        node.set_txn_verifier(Arc::new(CoordinatorVerifier::new(
+            node.clone(),
+            txns.clone(),
+            secret.clone(),
+        )));
         Ok(Self {
             txns,
             timer_front,
@@ -276,10 +283,7 @@ impl BrokerRuntime {
 
     /// The internal TxnMarkers service (markers from other brokers' coordinators).
     pub fn txn_marker_service(&self) -> TxnMarkersServer<TxnMarkerService> {
-        TxnMarkersServer::new(TxnMarkerService::new(
-            self.node.clone(),
-            self.txns.settings().write_timeout,
-        ))
+        TxnMarkersServer::new(TxnMarkerService::new(self.node.clone(), self.txns.clone()))
     }
 
     /// The internal Timers service (scheduling, cancelling and delivering delayed records

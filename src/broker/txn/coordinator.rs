@@ -360,6 +360,33 @@ impl TxnCoordinator {
         Ok(())
     }
 
+    /// Ok when `topic`-`partition` is in `id`'s open transaction of `producer_id` at
+    /// `producer_epoch` (a partition leader asks before a producer's first transactional
+    /// batch there).
+    pub async fn verify(
+        &self,
+        id: &str,
+        producer_id: i64,
+        producer_epoch: i16,
+        topic: &str,
+        partition: u32,
+    ) -> Result<(), BrokerError> {
+        self.own(id).await?;
+        let current = self.inner.lock().await.txns.get(id).cloned();
+        let m = current.ok_or_else(|| not_found(id))?;
+        state::check_producer(id, &m, producer_id, producer_epoch)?;
+        if m.state != TxnState::Ongoing || !m.partitions.contains(&(topic.to_owned(), partition)) {
+            return Err(error(
+                ErrorCode::InvalidTxnState,
+                format!(
+                    "{topic}-{partition} is not in an open transaction of '{id}' ({}): add the partition to the transaction before writing to it",
+                    m.state.name()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Commits or aborts `id`'s transaction. Answers once the decision is durable and,
     /// unless a partition's leader is unreachable, its markers are written (else the
     /// coordinator keeps trying; the producer's next transaction waits for it).

@@ -161,6 +161,7 @@ impl Producer {
     ) -> Result<Vec<String>, ClientError> {
         let shared = &self.shared;
         let request = ProduceRequest {
+            transactional_id: None,
             acks: Some(-1),
             timeout_ms: shared.config.request_timeout.as_millis() as u32,
             topics: vec![TopicProduceData {
