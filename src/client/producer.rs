@@ -522,9 +522,11 @@ impl Producer {
             headers.push((TAG_HEADER, Some(tag.as_bytes())));
         }
         let (key, value) = (record.key.as_deref(), record.value.as_deref());
+        // A transaction's records stay in the partitions added to it.
         let movable = record.partition.is_none()
             && key.is_none()
-            && shared.config.partition_selector.is_none();
+            && shared.config.partition_selector.is_none()
+            && shared.txn.is_none();
         let reserved = record_size_bound(key, value, &headers);
         if let Err(e) = shared.accumulator.reserve(reserved).await {
             return RecordFuture::failed(e);
@@ -575,6 +577,11 @@ impl Producer {
     pub async fn init_transactions(&self) -> Result<(), ClientError> {
         let txn = self.session()?;
         let mut state = txn.state.lock().await;
+        self.reinit(txn, &mut state).await
+    }
+
+    /// Takes a producer id and a new epoch for the transactional id; sequences restart.
+    async fn reinit(&self, txn: &TxnSession, state: &mut TxnLocal) -> Result<(), ClientError> {
         let timeout_ms = self
             .shared
             .config
@@ -700,6 +707,11 @@ impl Producer {
         }
         state.open = false;
         state.partitions.clear();
+        if failed > 0 {
+            // A batch that never reached its partition left a gap in this epoch's
+            // sequence numbers: take a new epoch, whose sequences start at 0 (KIP-360).
+            self.reinit(txn, &mut state).await?;
+        }
         Ok(())
     }
 

@@ -370,12 +370,10 @@ impl PartitionLog {
         let (start, end) = (self.log_start_offset(), self.log_end_offset());
         let (mut table, from) = match snapshot {
             Some((table, covered)) => (table, covered),
-            // No snapshot: producers of earlier segments are forgotten (their retries are
-            // long over); replay the active segment.
-            None => (
-                ProducerStateTable::default(),
-                *self.state.read().segments.keys().next_back().unwrap_or(&0),
-            ),
+            // No snapshot: replay the whole log, so transactions opened in any segment
+            // (and the aborted index they rebuild) are known; a partition keeps a snapshot
+            // from its first checkpoint on, so this runs once, after a loss.
+            None => (ProducerStateTable::default(), start.0),
         };
         if from > end.0 {
             table.truncate_to(end.0);

@@ -385,3 +385,26 @@ fn a_follower_copying_the_leader_tracks_the_same_transactions() {
         leader.aborted_transactions_of_segment(Offset(0))
     );
 }
+
+#[test]
+fn without_a_snapshot_replay_finds_transactions_opened_in_earlier_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let expected;
+    {
+        let log = open(dir.path());
+        append(&log, batch(7, 0, 0, 3, true, "early")); // opens in the first segment
+        for i in 0..80 {
+            append(&log, batch(-1, -1, -1, 2, false, &format!("p{i}")));
+        }
+        append(&log, batch(8, 0, 0, 1, true, "open")); // still open at the crash
+        assert!(log.segment_count() > 2);
+        marker(&log, 7, 0, false); // in the active segment
+        expected = (committed_values(&log), log.open_transactions());
+        assert!(!expected.0.iter().any(|v| v.starts_with("early")));
+        // Dropped before any checkpoint: no producer snapshot on disk.
+    }
+    assert!(!dir.path().join(producer_state::SNAPSHOT_FILE).exists());
+    let log = open(dir.path());
+    log.set_high_watermark(log.log_end_offset());
+    assert_eq!((committed_values(&log), log.open_transactions()), expected);
+}

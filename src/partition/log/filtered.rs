@@ -186,6 +186,7 @@ impl PartitionLog {
         let mut at = offset;
         let mut bytes_read = 0u64;
         let mut first: Option<FetchData> = None;
+        let mut aborted = Vec::new();
         loop {
             let data = self.read_with(
                 Offset(at),
@@ -199,6 +200,7 @@ impl PartitionLog {
                     ..data.clone()
                 });
             }
+            aborted.extend(data.aborted_transactions.iter().copied());
             if data.records.is_empty() {
                 break;
             }
@@ -223,9 +225,13 @@ impl PartitionLog {
         }
         let data = first.expect("read at least once");
         metrics::counter!("tidelog_filtered_read_bytes_total").increment(bytes_read);
+        // Every chunk's aborted transactions, each once (ordered by marker).
+        aborted.sort_by_key(|a| (a.last_offset, a.producer_id));
+        aborted.dedup();
         Ok(FetchData {
             records: Bytes::from(out),
             next_offset: Some(Offset(at)),
+            aborted_transactions: aborted,
             ..data
         })
     }
