@@ -165,6 +165,35 @@ pub struct LocalPartition {
 }
 
 impl LocalPartition {
+    /// Calls `f` with every data record of the log, from its start to its end, in order
+    /// (a coordinator or mover loading its state from an internal topic). Blocking.
+    pub fn replay_records(
+        &self,
+        mut f: impl FnMut(&crate::record::Record),
+    ) -> Result<(), ReplicaError> {
+        let end = self.log.log_end_offset();
+        let mut next = self.log.log_start_offset();
+        while next < end {
+            let data = self
+                .log
+                .read(next, 1 << 20, crate::partition::Isolation::LogEnd)
+                .map_err(|e| ReplicaError::from_log(&self.name(), e))?;
+            let records = crate::record::decode_data_records(
+                &data.records,
+                crate::partition::MAX_UNCOMPRESSED_BATCH_BYTES,
+            )
+            .map_err(|e| ReplicaError::new(ErrorCode::CorruptMessage, e.to_string()))?;
+            let Some(last) = records.last().map(|r| r.offset) else {
+                break;
+            };
+            for r in records.iter().filter(|r| r.offset as u64 >= next.0) {
+                f(r);
+            }
+            next = Offset(last as u64 + 1);
+        }
+        Ok(())
+    }
+
     /// A partition that is idle until the metadata gives it a role.
     pub fn new(topic: &str, topic_id: &str, partition: u32, log: PartitionLog) -> Self {
         Self {

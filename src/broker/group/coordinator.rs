@@ -17,10 +17,8 @@ use super::state::{GroupState, Member};
 use crate::broker::error::BrokerError;
 use crate::broker::node::{now_ms, Acks, BrokerNode};
 use crate::error_code::ErrorCode;
-use crate::partition::Isolation;
-use crate::record::decode_data_records;
 use crate::replication::replica::LocalPartition;
-use crate::types::{LeaderEpoch, Offset};
+use crate::types::LeaderEpoch;
 
 /// Group coordination settings of a broker.
 #[derive(Debug, Clone)]
@@ -360,31 +358,15 @@ impl GroupCoordinator {
             .retain(|(name, _, _), _| offsets::partition_for(name, count) != partition);
         let loaded = tokio::task::spawn_blocking(move || {
             let mut out: BTreeMap<OffsetKey, OffsetValue> = BTreeMap::new();
-            let end = local.log.log_end_offset();
-            let mut next = local.log.log_start_offset();
-            while next < end {
-                let data = local
-                    .log
-                    .read(next, 1 << 20, Isolation::LogEnd)
-                    .map_err(|e| BrokerError::from_log(&local.name(), e))?;
-                let records = decode_data_records(&data.records, 64 << 20)
-                    .map_err(|e| error(ErrorCode::CorruptMessage, e.to_string()))?;
-                let Some(last) = records.last().map(|r| r.offset) else {
-                    break;
-                };
-                for r in records.iter().filter(|r| r.offset as u64 >= next.0) {
-                    match offsets::decode(r) {
-                        Some((k, Some(v))) => {
-                            out.insert(k, v);
-                        }
-                        Some((k, None)) => {
-                            out.remove(&k);
-                        }
-                        None => {}
-                    }
+            local.replay_records(|r| match offsets::decode(r) {
+                Some((k, Some(v))) => {
+                    out.insert(k, v);
                 }
-                next = Offset(last as u64 + 1);
-            }
+                Some((k, None)) => {
+                    out.remove(&k);
+                }
+                None => {}
+            })?;
             Ok::<_, BrokerError>(out)
         })
         .await

@@ -935,28 +935,12 @@ fn dropped_record(topic: &str, partition: u32, batch: &[DueTimer], reason: &str)
 /// Every timer record of the partition's log, applied in order.
 fn replay(local: &LocalPartition) -> Result<TimerState, BrokerError> {
     let mut state = TimerState::default();
-    let end = local.log.log_end_offset();
-    let mut next = local.log.log_start_offset();
-    while next < end {
-        let data = local
-            .log
-            .read(next, 1 << 20, Isolation::LogEnd)
-            .map_err(|e| BrokerError::from_log(&local.name(), e))?;
-        let records = decode_data_records(&data.records, 64 << 20)
-            .map_err(|e| BrokerError::new(ErrorCode::CorruptMessage, e.to_string()))?;
-        let Some(last) = records.last().map(|r| r.offset) else {
-            break;
-        };
-        for r in records.iter().filter(|r| r.offset as u64 >= next.0) {
-            match r.value.as_deref().map(TimerRecord::decode) {
-                Some(Ok(t)) => state.apply(r.offset as u64, &t),
-                _ => {
-                    tracing::warn!(partition = %local.name(), offset = r.offset, "skipping an undecodable timer record")
-                }
-            }
+    local.replay_records(|r| match r.value.as_deref().map(TimerRecord::decode) {
+        Some(Ok(t)) => state.apply(r.offset as u64, &t),
+        _ => {
+            tracing::warn!(partition = %local.name(), offset = r.offset, "skipping an undecodable timer record")
         }
-        next = Offset(last as u64 + 1);
-    }
+    })?;
     Ok(state)
 }
 

@@ -25,11 +25,10 @@ use super::state::{self, EndDecision, InitDecision, TxnMeta, TxnPartition, TxnSt
 use crate::broker::error::BrokerError;
 use crate::broker::node::{now_ms, Acks, BrokerNode};
 use crate::error_code::ErrorCode;
-use crate::partition::Isolation;
 use crate::record::control::ControlMarker;
-use crate::record::{decode_data_records, BatchBuilder, Compression, RecordRef};
+use crate::record::{BatchBuilder, Compression, RecordRef};
 use crate::replication::replica::LocalPartition;
-use crate::types::{BrokerId, LeaderEpoch, Offset};
+use crate::types::{BrokerId, LeaderEpoch};
 
 /// The internal topic of transaction states.
 pub const TXN_TOPIC: &str = "__transaction_state";
@@ -676,35 +675,21 @@ fn check_id(id: &str) -> Result<(), BrokerError> {
 /// The last state of every id in a state partition's log.
 fn replay(local: &LocalPartition) -> Result<HashMap<String, TxnMeta>, BrokerError> {
     let mut out = HashMap::new();
-    let end = local.log.log_end_offset();
-    let mut next = local.log.log_start_offset();
-    while next < end {
-        let data = local
-            .log
-            .read(next, 1 << 20, Isolation::LogEnd)
-            .map_err(|e| BrokerError::from_log(&local.name(), e))?;
-        let records = decode_data_records(&data.records, 64 << 20)
-            .map_err(|e| error(ErrorCode::CorruptMessage, e.to_string()))?;
-        let Some(last) = records.last().map(|r| r.offset) else {
-            break;
+    local.replay_records(|r| {
+        let Some(id) = r.key.as_deref().and_then(|k| std::str::from_utf8(k).ok()) else {
+            return;
         };
-        for r in records.iter().filter(|r| r.offset as u64 >= next.0) {
-            let Some(id) = r.key.as_deref().and_then(|k| std::str::from_utf8(k).ok()) else {
-                continue;
-            };
-            match r.value.as_deref().map(serde_json::from_slice::<TxnMeta>) {
-                Some(Ok(m)) => {
-                    out.insert(id.to_owned(), m);
-                }
-                None => {
-                    out.remove(id);
-                }
-                Some(Err(e)) => {
-                    tracing::warn!(partition = %local.name(), offset = r.offset, error = %e, "skipping an undecodable transaction state");
-                }
+        match r.value.as_deref().map(serde_json::from_slice::<TxnMeta>) {
+            Some(Ok(m)) => {
+                out.insert(id.to_owned(), m);
+            }
+            None => {
+                out.remove(id);
+            }
+            Some(Err(e)) => {
+                tracing::warn!(partition = %local.name(), offset = r.offset, error = %e, "skipping an undecodable transaction state");
             }
         }
-        next = Offset(last as u64 + 1);
-    }
+    })?;
     Ok(out)
 }
