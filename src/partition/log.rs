@@ -415,19 +415,7 @@ impl PartitionLog {
                     } else {
                         None
                     };
-                    let meta = BatchMeta {
-                        position: 0,
-                        offset_span: h.last_offset_delta as u64 + 1,
-                        record_count: h.record_count as u64,
-                        max_timestamp: h.max_timestamp,
-                        base_offset: h.base_offset as u64,
-                        partition_leader_epoch: h.partition_leader_epoch,
-                        producer_id: h.producer_id,
-                        producer_epoch: h.producer_epoch,
-                        base_sequence: h.base_sequence,
-                        transactional: h.is_transactional(),
-                        marker,
-                    };
+                    let meta = BatchMeta::of(h, 0, marker);
                     aborts.extend(apply_to_table(&mut table, &meta, h.base_offset as u64));
                 }
             }

@@ -17,7 +17,7 @@
 use crate::record::control::{decode_marker, ControlMarker};
 use crate::record::delay::is_delay_header;
 use crate::record::tag::{record_tag_hash, TagMark};
-use crate::record::{peek_total_size, RecordBatch, RecordError, LOG_OVERHEAD};
+use crate::record::{peek_total_size, BatchHeader, RecordBatch, RecordError, LOG_OVERHEAD};
 
 use super::LogError;
 
@@ -48,6 +48,26 @@ pub struct BatchMeta {
     pub transactional: bool,
     /// The marker of a control batch.
     pub marker: Option<ControlMarker>,
+}
+
+impl BatchMeta {
+    /// The meta of the batch with header `h` at `position` (`marker`: its decoded
+    /// marker, for control batches).
+    pub fn of(h: &BatchHeader, position: usize, marker: Option<ControlMarker>) -> Self {
+        Self {
+            position,
+            offset_span: h.last_offset_delta as u64 + 1,
+            record_count: h.record_count as u64,
+            max_timestamp: h.max_timestamp,
+            base_offset: h.base_offset as u64,
+            partition_leader_epoch: h.partition_leader_epoch,
+            producer_id: h.producer_id,
+            producer_epoch: h.producer_epoch,
+            base_sequence: h.base_sequence,
+            transactional: h.is_transactional(),
+            marker,
+        }
+    }
 }
 
 /// What validation learned about a request's batches.
@@ -186,19 +206,7 @@ pub fn validate_batches(
         } else {
             None
         };
-        metas.push(BatchMeta {
-            position,
-            offset_span: h.last_offset_delta as u64 + 1,
-            record_count: h.record_count as u64,
-            max_timestamp: h.max_timestamp,
-            base_offset: h.base_offset as u64,
-            partition_leader_epoch: h.partition_leader_epoch,
-            producer_id: h.producer_id,
-            producer_epoch: h.producer_epoch,
-            base_sequence: h.base_sequence,
-            transactional: h.is_transactional(),
-            marker,
-        });
+        metas.push(BatchMeta::of(h, position, marker));
         position += size;
     }
     if let Some(reason) = scheduled {

@@ -365,6 +365,16 @@ impl LocalPartition {
         batches: &mut [u8],
         epoch: LeaderEpoch,
     ) -> Result<(AppendInfo, Option<u64>), ReplicaError> {
+        self.append_leading(epoch, |log| log.append_as_leader_deferred(batches, epoch))
+    }
+
+    /// Runs a deferred leader append if this broker leads `epoch`; moves the high
+    /// watermark when no fsync is pending.
+    fn append_leading(
+        &self,
+        epoch: LeaderEpoch,
+        append: impl FnOnce(&PartitionLog) -> Result<(AppendInfo, Option<u64>), LogError>,
+    ) -> Result<(AppendInfo, Option<u64>), ReplicaError> {
         let role = self.role.read();
         let Role::Leader(leader) = &*role else {
             return Err(self.not_leader());
@@ -372,10 +382,8 @@ impl LocalPartition {
         if leader.epoch != epoch {
             return Err(self.not_leader());
         }
-        let (info, durable_target) = self
-            .log
-            .append_as_leader_deferred(batches, epoch)
-            .map_err(|e| ReplicaError::from_log(&self.name(), e))?;
+        let (info, durable_target) =
+            append(&self.log).map_err(|e| ReplicaError::from_log(&self.name(), e))?;
         if durable_target.is_none() {
             self.advance_high_watermark(leader);
         }
@@ -391,21 +399,9 @@ impl LocalPartition {
         marker: crate::record::control::ControlMarker,
         epoch: LeaderEpoch,
     ) -> Result<(AppendInfo, Option<u64>), ReplicaError> {
-        let role = self.role.read();
-        let Role::Leader(leader) = &*role else {
-            return Err(self.not_leader());
-        };
-        if leader.epoch != epoch {
-            return Err(self.not_leader());
-        }
-        let (info, durable_target) = self
-            .log
-            .append_marker_deferred(producer_id, producer_epoch, marker, epoch)
-            .map_err(|e| ReplicaError::from_log(&self.name(), e))?;
-        if durable_target.is_none() {
-            self.advance_high_watermark(leader);
-        }
-        Ok((info, durable_target))
+        self.append_leading(epoch, |log| {
+            log.append_marker_deferred(producer_id, producer_epoch, marker, epoch)
+        })
     }
 
     /// Makes every offset below `target` durable, then lets the high watermark cover it
