@@ -106,6 +106,7 @@ error_codes! {
     InvalidTransactionTimeout = "INVALID_TRANSACTION_TIMEOUT", false, "The transaction timeout is 0 or above transaction_max_timeout_ms.";
     InvalidProducerIdMapping = "INVALID_PRODUCER_ID_MAPPING", false, "The producer id is not the one the transactional id holds (it expired or was re-initialised): call InitProducerId again.";
     TransactionCoordinatorFenced = "TRANSACTION_COORDINATOR_FENCED", false, "A transaction marker came from an older coordinator than the partition has seen (the coordinator moved); the new coordinator completes the transaction.";
+    UnstableOffsetCommit = "UNSTABLE_OFFSET_COMMIT", true, "The group has offsets committed inside a transaction that has not completed yet (its markers are being written); retry shortly to read the settled offset.";
 }
 
 impl fmt::Display for ErrorCode {

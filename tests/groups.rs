@@ -568,6 +568,7 @@ async fn commit_at(
                 offset,
                 metadata: String::new(),
             }],
+            ..Default::default()
         })
         .await
         .map(|_| ())

@@ -60,6 +60,7 @@ async fn log_end(bootstrap: &str, topic: &str) -> i64 {
                     timestamp_ms: -1,
                 }],
             }],
+            ..Default::default()
         })
         .await
         .unwrap()

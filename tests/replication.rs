@@ -96,6 +96,7 @@ async fn leader_ready(c: &BrokerCluster, topic: &str, p: u32, leader: i32) {
                             timestamp_ms: -1,
                         }],
                     }],
+                    ..Default::default()
                 })
                 .await
                 .ok()?

@@ -10,6 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::{cli, free_ports, standalone};
 use tidelog::client::consumer::{Consumer, StartAt};
+use tidelog::client::groups::GroupsAdmin;
 use tidelog::client::producer::{Producer, ProducerConfig, ProducerRecord};
 use tidelog::client::transactions::TxnClient;
 use tidelog::client::AdminClient;
@@ -399,4 +400,238 @@ async fn transactional_batches_outside_a_transaction_are_refused() {
         .await
         .unwrap();
     assert_eq!(produce(Some("raw")).await, None);
+}
+
+/// Records of `topic` (3 partitions) from the start, read committed or not, as
+/// (partition, value) in offset order per partition.
+async fn read_topic(bootstrap: &str, topic: &str, committed: bool) -> Vec<(u32, String)> {
+    let mut consumer = Consumer::new(vec![bootstrap.to_owned()], Duration::from_secs(20));
+    consumer.set_read_committed(committed);
+    for p in 0..3 {
+        consumer.assign(topic, p, StartAt::Earliest).await.unwrap();
+    }
+    let mut out = Vec::new();
+    let mut idle = 0;
+    while idle < 4 {
+        let records = consumer.poll(Duration::from_millis(300)).await.unwrap();
+        idle = if records.is_empty() { idle + 1 } else { 0 };
+        for r in records {
+            out.push((
+                r.partition,
+                String::from_utf8(r.value.unwrap().to_vec()).unwrap(),
+            ));
+        }
+    }
+    out
+}
+
+/// Sends `sig` to a child process.
+fn signal(child: &std::process::Child, sig: i32) {
+    // SAFETY: kill(2) on the pid of a child this test spawned and has not reaped.
+    unsafe {
+        libc::kill(child.id() as i32, sig);
+    }
+}
+
+/// The sum of `topic`'s high watermarks (3 partitions).
+async fn log_end(bootstrap: &str, topic: &str) -> i64 {
+    let consumer = Consumer::new(vec![bootstrap.to_owned()], Duration::from_secs(20));
+    let mut sum = 0;
+    for p in 0..3 {
+        sum += consumer.list_offset(topic, p, -1).await.unwrap();
+    }
+    sum
+}
+
+/// The sum of `topic`'s last stable offsets (3 partitions).
+async fn last_stable(bootstrap: &str, topic: &str) -> i64 {
+    let mut consumer = Consumer::new(vec![bootstrap.to_owned()], Duration::from_secs(20));
+    consumer.set_read_committed(true);
+    let mut sum = 0;
+    for p in 0..3 {
+        sum += consumer.list_offset(topic, p, -1).await.unwrap();
+    }
+    sum
+}
+
+/// Starts `tidelog transactions copy` from `in` to `out` as its own process.
+fn start_copier(bootstrap: &str, log: &std::path::Path) -> std::process::Child {
+    let args = [
+        "transactions",
+        "copy",
+        "--from",
+        "in",
+        "--to",
+        "out",
+        "--group",
+        "copier",
+        "--transactional-id",
+        "copier-1",
+        "--transaction-timeout-ms",
+        "20000",
+        "--session-timeout-ms",
+        "3000",
+        "--bootstrap",
+        bootstrap,
+    ];
+    std::process::Command::new(common::binary())
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .expect("spawn the copier")
+}
+
+/// The exactly-once pipeline: a consume-transform-produce copier (reading `in` in a
+/// group, writing `out`, committing the group's positions inside each transaction) is
+/// killed -9 three times while input keeps arriving; after the last restart drains the
+/// input, `out` holds every input record exactly once, in each partition's order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exactly_once_copier_survives_three_kill9s() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_ports(1)[0];
+    let _server = standalone(dir.path(), port);
+    let bootstrap = format!("127.0.0.1:{port}");
+    let admin = AdminClient::new(vec![bootstrap.clone()], Duration::from_secs(10));
+    for t in ["in", "out"] {
+        admin
+            .create_topic(t, Some(3), Some(1), Default::default())
+            .await
+            .unwrap();
+    }
+    // Input keeps arriving while the copier is killed and restarted.
+    let feeder = {
+        let bootstrap = bootstrap.clone();
+        tokio::spawn(async move {
+            let producer = Producer::new(
+                vec![bootstrap],
+                ProducerConfig {
+                    linger: Duration::from_millis(2),
+                    ..Default::default()
+                },
+            );
+            let mut sent = 0u32;
+            for round in 0..300u32 {
+                for i in 0..40u32 {
+                    let n = round * 40 + i;
+                    producer
+                        .send_sync(record("in", n % 3, format!("r{n:06}")))
+                        .await
+                        .unwrap();
+                    sent += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            sent
+        })
+    };
+    let txns = TxnClient::new(vec![bootstrap.clone()], Duration::from_secs(10));
+    let mut kills = 0;
+    let mut seen_before = log_end(&bootstrap, "out").await;
+    while kills < 3 {
+        let log = dir.path().join(format!("copier-{kills}.stderr"));
+        let mut copier = start_copier(&bootstrap, &log);
+        // Once it has made progress since it started, kill it inside a transaction:
+        // stop it at varying moments until its transaction is open (for the first and
+        // last kill, with the group's offsets already in it), then SIGKILL.
+        let progressed = common::eventually("the copier copies", Duration::from_secs(60), || {
+            let bootstrap = bootstrap.clone();
+            async move {
+                let n = log_end(&bootstrap, "out").await;
+                (n > seen_before).then_some(n)
+            }
+        })
+        .await;
+        let with_offsets = kills != 1;
+        let mut hit = None;
+        for attempt in 0..400u64 {
+            tokio::time::sleep(Duration::from_millis(3 + attempt * 7 % 31)).await;
+            signal(&copier, libc::SIGSTOP);
+            let open = txns
+                .describe("copier-1")
+                .await
+                .ok()
+                .filter(|d| d.state == "Ongoing")
+                .filter(|d| {
+                    !with_offsets || d.topics.iter().any(|t| t.topic == "__consumer_offsets")
+                });
+            // Records of the open transaction are in the output already.
+            if let Some(d) = open {
+                if last_stable(&bootstrap, "out").await < log_end(&bootstrap, "out").await {
+                    hit = Some(d.topics);
+                    break;
+                }
+            }
+            signal(&copier, libc::SIGCONT);
+        }
+        copier.kill().unwrap();
+        copier.wait().unwrap();
+        let hit = hit.expect("the copier was never caught inside a transaction");
+        println!("kill {kills} inside a transaction over {hit:?}");
+        kills += 1;
+        seen_before = progressed;
+        assert!(
+            !feeder.is_finished(),
+            "the input ran out before kill {kills}"
+        );
+    }
+    let sent = feeder.await.unwrap();
+    let log = dir.path().join("copier-last.stderr");
+    let mut copier = start_copier(&bootstrap, &log);
+    // It runs until the group's committed offsets reach the input's end (lag 0).
+    let groups = GroupsAdmin::new(vec![bootstrap.clone()], Duration::from_secs(10));
+    let end = log_end(&bootstrap, "in").await;
+    common::eventually("the copier catches up", Duration::from_secs(180), || {
+        let groups = &groups;
+        async move {
+            let d = groups.describe("copier").await.ok()?;
+            let committed: i64 = d
+                .offsets
+                .iter()
+                .filter(|o| o.topic == "in")
+                .map(|o| o.offset)
+                .sum();
+            (committed == end).then_some(())
+        }
+    })
+    .await;
+    assert!(
+        copier.try_wait().unwrap().is_none(),
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    copier.kill().unwrap();
+    copier.wait().unwrap();
+    let input = read_topic(&bootstrap, "in", false).await;
+    assert_eq!(input.len(), sent as usize);
+    let output = read_topic(&bootstrap, "out", true).await;
+    // Exactly once: the same multiset of values ...
+    let mut want: Vec<&str> = input.iter().map(|(_, v)| v.as_str()).collect();
+    let mut got: Vec<&str> = output.iter().map(|(_, v)| v.as_str()).collect();
+    want.sort_unstable();
+    got.sort_unstable();
+    let duplicates = got.windows(2).filter(|w| w[0] == w[1]).count();
+    assert_eq!(duplicates, 0, "{duplicates} records copied twice");
+    assert_eq!(got.len(), want.len(), "records lost or duplicated");
+    assert_eq!(got, want);
+    // ... and each input partition's order kept in its output partition.
+    for p in 0..3 {
+        let of = |list: &[(u32, String)]| -> Vec<String> {
+            list.iter()
+                .filter(|(q, _)| *q == p)
+                .map(|(_, v)| v.clone())
+                .collect()
+        };
+        assert_eq!(of(&output), of(&input), "partition {p}");
+    }
+    // The kills left aborted output behind, which read_committed never showed.
+    let uncommitted = read_topic(&bootstrap, "out", false).await.len();
+    assert!(uncommitted > output.len(), "no kill left aborted output");
+    println!(
+        "copied {} records; {} written in all (aborted ones included)",
+        output.len(),
+        uncommitted
+    );
 }

@@ -554,6 +554,9 @@ impl Broker for BrokerService {
             for p in t.partitions {
                 let query = match p.timestamp_ms {
                     -2 => OffsetQuery::Earliest,
+                    -1 if r.isolation == proto::IsolationLevel::ReadCommitted as i32 => {
+                        OffsetQuery::LastStable
+                    }
                     -1 => OffsetQuery::Latest,
                     -3 => OffsetQuery::MaxTimestamp,
                     ts if ts >= 0 => OffsetQuery::Timestamp(ts),

@@ -17,7 +17,7 @@ use super::proto::{
 };
 use super::status::error_status;
 use crate::broker::group::assignor::TopicPartition;
-use crate::broker::group::coordinator::{Committer, Heartbeat};
+use crate::broker::group::coordinator::{Committer, Heartbeat, TxnCommit};
 use crate::broker::group::offsets::{self, OffsetKey, OffsetValue, OFFSETS_TOPIC};
 use crate::broker::group::GroupCoordinator;
 use crate::broker::{BrokerError, BrokerNode};
@@ -208,10 +208,30 @@ impl Groups for GroupsService {
             .into_iter()
             .map(|o| (o.topic, o.partition, o.offset, o.metadata))
             .collect();
-        self.coordinator
-            .commit(&r.group, committer(r.member_id, r.member_epoch), entries)
-            .await
-            .map_err(status)?;
+        let who = committer(r.member_id, r.member_epoch);
+        if r.transactional_id.is_empty() {
+            self.coordinator
+                .commit(&r.group, who, entries)
+                .await
+                .map_err(status)?;
+        } else {
+            let producer_epoch = i16::try_from(r.producer_epoch).map_err(|_| {
+                error_status(
+                    ErrorCode::InvalidRequest,
+                    format!("producer_epoch {} is out of range", r.producer_epoch),
+                    None,
+                )
+            })?;
+            let txn = TxnCommit {
+                transactional_id: r.transactional_id,
+                producer_id: r.producer_id,
+                producer_epoch,
+            };
+            self.coordinator
+                .commit_transactional(&r.group, who, entries, txn)
+                .await
+                .map_err(status)?;
+        }
         Ok(Response::new(OffsetCommitResponse {}))
     }
 
@@ -222,7 +242,12 @@ impl Groups for GroupsService {
         let r = request.into_inner();
         let offsets = self
             .coordinator
-            .fetch_offsets(&r.group, &r.instance_id, &to_set(&r.partitions))
+            .fetch_offsets(
+                &r.group,
+                &r.instance_id,
+                &to_set(&r.partitions),
+                r.require_stable,
+            )
             .await
             .map_err(status)?;
         Ok(Response::new(OffsetFetchResponse {

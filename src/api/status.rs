@@ -64,7 +64,8 @@ fn grpc_code(code: ErrorCode) -> Code {
         | ErrorCode::ControllerUnavailable
         | ErrorCode::NetworkException
         | ErrorCode::KafkaStorageError
-        | ErrorCode::ConcurrentTransactions => Code::Unavailable,
+        | ErrorCode::ConcurrentTransactions
+        | ErrorCode::UnstableOffsetCommit => Code::Unavailable,
         ErrorCode::StaleBrokerEpoch
         | ErrorCode::FencedLeaderEpoch
         | ErrorCode::InvalidUpdateVersion

@@ -16,11 +16,12 @@ use super::proto::transactions_server::Transactions;
 use super::proto::txn_markers_client::TxnMarkersClient;
 use super::proto::txn_markers_server::TxnMarkers;
 use super::proto::{
-    AddPartitionsToTxnRequest, AddPartitionsToTxnResponse, DescribeTransactionsRequest,
-    DescribeTransactionsResponse, EndTxnRequest, EndTxnResponse, FindTxnCoordinatorRequest,
-    FindTxnCoordinatorResponse, InitTxnProducerRequest, InitTxnProducerResponse,
-    ListTransactionsRequest, ListTransactionsResponse, TransactionDescription, TxnMarker,
-    TxnMarkerResult, TxnTopicPartitions, VerifyTxnPartitionRequest, VerifyTxnPartitionResponse,
+    AddOffsetsToTxnRequest, AddOffsetsToTxnResponse, AddPartitionsToTxnRequest,
+    AddPartitionsToTxnResponse, DescribeTransactionsRequest, DescribeTransactionsResponse,
+    EndTxnRequest, EndTxnResponse, FindTxnCoordinatorRequest, FindTxnCoordinatorResponse,
+    InitTxnProducerRequest, InitTxnProducerResponse, ListTransactionsRequest,
+    ListTransactionsResponse, TransactionDescription, TxnMarker, TxnMarkerResult,
+    TxnTopicPartitions, VerifyTxnPartitionRequest, VerifyTxnPartitionResponse,
     WriteTxnMarkersRequest, WriteTxnMarkersResponse,
 };
 use super::status::{error_status, to_wire};
@@ -214,6 +215,23 @@ impl Transactions for TxnService {
             .await
             .map_err(status)?;
         Ok(Response::new(AddPartitionsToTxnResponse {}))
+    }
+
+    async fn add_offsets(
+        &self,
+        request: Request<AddOffsetsToTxnRequest>,
+    ) -> Result<Response<AddOffsetsToTxnResponse>, Status> {
+        let r = request.into_inner();
+        self.coordinator
+            .add_offsets(
+                &r.transactional_id,
+                r.producer_id,
+                epoch_of(r.producer_epoch)?,
+                &r.group,
+            )
+            .await
+            .map_err(status)?;
+        Ok(Response::new(AddOffsetsToTxnResponse {}))
     }
 
     async fn end_txn(

@@ -105,6 +105,19 @@ pub trait TxnVerifier: Send + Sync + 'static {
     ) -> futures_util::future::BoxFuture<'static, Result<(), BrokerError>>;
 }
 
+/// Hears of transaction markers this broker wrote (the group coordinator settles offsets
+/// committed inside transactions).
+pub trait MarkerObserver: Send + Sync + 'static {
+    /// `producer_id`'s marker is on every in-sync replica of `topic`-`partition`.
+    fn marker_written(
+        &self,
+        topic: &str,
+        partition: u32,
+        producer_id: i64,
+        commit: bool,
+    ) -> futures_util::future::BoxFuture<'static, ()>;
+}
+
 /// How many replicas must hold a produce before it is acknowledged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Acks {
@@ -141,6 +154,9 @@ pub enum OffsetQuery {
     Earliest,
     /// The high watermark (the next offset a consumer will see).
     Latest,
+    /// The last stable offset (the end a read-committed consumer sees: before the
+    /// earliest open transaction).
+    LastStable,
     /// The first offset whose timestamp is at or after this (ms).
     Timestamp(i64),
     /// The first record with the largest timestamp.
@@ -189,6 +205,7 @@ pub struct BrokerNode {
     /// Where batches with scheduling headers go, once the timers are set up.
     scheduler: Arc<std::sync::OnceLock<Arc<dyn BatchScheduler>>>,
     txn_verifier: Arc<std::sync::OnceLock<Arc<dyn TxnVerifier>>>,
+    marker_observer: Arc<std::sync::OnceLock<Arc<dyn MarkerObserver>>>,
 }
 
 impl BrokerNode {
@@ -215,13 +232,19 @@ impl BrokerNode {
             producer_ids,
             scheduler: Arc::default(),
             txn_verifier: Arc::default(),
+            marker_observer: Arc::default(),
         }
     }
 
-    /// Sends client batches with scheduling headers to `scheduler` from now on (without
-    /// one they are refused with INVALID_DELAY). Set once; later calls are ignored.
+    /// Asks `verifier` before a producer's first transactional batch in a partition. Set
+    /// once; later calls are ignored.
     pub fn set_txn_verifier(&self, verifier: Arc<dyn TxnVerifier>) {
         let _ = self.txn_verifier.set(verifier);
+    }
+
+    /// Tells `observer` of every transaction marker written here (once, at start-up).
+    pub fn set_marker_observer(&self, observer: Arc<dyn MarkerObserver>) {
+        let _ = self.marker_observer.set(observer);
     }
 
     /// Sets who schedules batches with scheduling headers (once, at start-up).
@@ -567,6 +590,11 @@ impl BrokerNode {
         local
             .wait_committed(epoch, info.last_offset.plus(1), min_isr, timeout)
             .await?;
+        if let Some(observer) = self.marker_observer.get() {
+            observer
+                .marker_written(topic, partition, producer_id, marker.commit)
+                .await;
+        }
         Ok(())
     }
 
@@ -1054,6 +1082,7 @@ impl BrokerNode {
         match query {
             OffsetQuery::Earliest => Ok((local.log.log_start_offset().as_i64(), -1)),
             OffsetQuery::Latest => Ok((local.log.high_watermark().as_i64(), -1)),
+            OffsetQuery::LastStable => Ok((local.log.last_stable_offset().as_i64(), -1)),
             OffsetQuery::MaxTimestamp | OffsetQuery::Timestamp(_) => {
                 // Both read the segments' time indexes: off the async threads.
                 tokio::task::spawn_blocking(move || {

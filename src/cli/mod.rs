@@ -18,6 +18,7 @@ pub mod server_roles;
 pub mod text;
 pub mod topics;
 pub mod transactions;
+pub mod txn_copy;
 
 use std::fmt;
 

@@ -1,9 +1,13 @@
 //! `tidelog transactions list|describe`, like `kafka-transactions.sh`: the state,
-//! partitions, age and producer id/epoch of transactional ids.
+//! partitions, age and producer id/epoch of transactional ids; and `copy`, the
+//! exactly-once copier ([`super::txn_copy`]).
+
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
 use super::client_args::{block_on, ClientArgs};
+use super::txn_copy::{copy, CopySpec};
 use super::{CliError, OutputFormat};
 use crate::api::proto::TransactionDescription;
 use crate::broker::node::now_ms;
@@ -33,6 +37,37 @@ enum TransactionsCommand {
         /// The transactional id.
         #[arg(long)]
         transactional_id: String,
+    },
+    /// Copies a topic to another exactly once: reads it in a consumer group
+    /// (read_committed) and commits each poll's output records together with the group's
+    /// input positions in one transaction, so a copier killed and restarted never loses
+    /// or duplicates a record.
+    Copy {
+        /// Topic to read.
+        #[arg(long)]
+        from: String,
+        /// Topic to write (input partition p goes to partition p mod its partition count).
+        #[arg(long)]
+        to: String,
+        /// Consumer group holding the copier's input positions.
+        #[arg(long)]
+        group: String,
+        /// Transactional id of the copier's producer (a restarted copier reuses it,
+        /// fencing the old instance).
+        #[arg(long)]
+        transactional_id: String,
+        /// Stop after this long without a new input record (ms); default: run until
+        /// interrupted.
+        #[arg(long)]
+        idle_exit_ms: Option<u64>,
+        /// Transaction timeout (ms): a copier killed mid-transaction holds read-committed
+        /// readers of the output back at most this long.
+        #[arg(long, default_value_t = 60_000)]
+        transaction_timeout_ms: u64,
+        /// The copier's session timeout in its group (ms): a killed copier's partitions
+        /// move to the others after this long.
+        #[arg(long, default_value_t = 10_000)]
+        session_timeout_ms: u64,
     },
 }
 
@@ -86,6 +121,28 @@ fn print_table(list: &[TransactionDescription], now: i64) {
 
 /// Runs `tidelog transactions`.
 pub fn run(args: &TransactionsArgs) -> Result<(), CliError> {
+    if let TransactionsCommand::Copy {
+        from,
+        to,
+        group,
+        transactional_id,
+        idle_exit_ms,
+        transaction_timeout_ms,
+        session_timeout_ms,
+    } = &args.command
+    {
+        let spec = CopySpec {
+            from: from.clone(),
+            to: to.clone(),
+            group: group.clone(),
+            transactional_id: transactional_id.clone(),
+            idle_exit: idle_exit_ms.map(Duration::from_millis),
+            transaction_timeout: Duration::from_millis(*transaction_timeout_ms),
+            session_timeout: Duration::from_millis(*session_timeout_ms),
+        };
+        let bootstrap = args.client.addresses()?;
+        return block_on(copy(bootstrap, spec, args.client.output))?;
+    }
     let client = TxnClient::new(args.client.addresses()?, args.client.timeout());
     let output = args.client.output;
     block_on(async move {
@@ -94,6 +151,7 @@ pub fn run(args: &TransactionsArgs) -> Result<(), CliError> {
             TransactionsCommand::Describe { transactional_id } => {
                 vec![client.describe(transactional_id).await?]
             }
+            TransactionsCommand::Copy { .. } => unreachable!("handled above"),
         };
         let now = now_ms();
         match (output, &args.command) {
@@ -105,6 +163,7 @@ pub fn run(args: &TransactionsArgs) -> Result<(), CliError> {
                 println!("{}", to_json(&list[0], now));
             }
             (OutputFormat::Table, _) => print_table(&list, now),
+            (OutputFormat::Json, TransactionsCommand::Copy { .. }) => unreachable!("handled above"),
         }
         Ok::<(), CliError>(())
     })?

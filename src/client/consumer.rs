@@ -249,7 +249,8 @@ impl Consumer {
     }
 
     /// ListOffsets at the partition's leader: -2 earliest, -1 latest (the high
-    /// watermark), otherwise the first offset at or after a timestamp.
+    /// watermark; for a read-committed consumer the last stable offset), otherwise the
+    /// first offset at or after a timestamp.
     pub async fn list_offset(
         &self,
         topic: &str,
@@ -274,6 +275,11 @@ impl Consumer {
                         timestamp_ms,
                     }],
                 }],
+                isolation: if self.read_committed {
+                    IsolationLevel::ReadCommitted as i32
+                } else {
+                    IsolationLevel::ReadUncommitted as i32
+                },
             };
             let response = BrokerClient::new(channel)
                 .list_offsets(request)

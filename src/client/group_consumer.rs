@@ -99,6 +99,22 @@ impl Default for GroupConfig {
     }
 }
 
+/// A group member as a transactional producer names it when committing the member's
+/// positions inside its transaction (Kafka's `ConsumerGroupMetadata`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupMetadata {
+    /// The group.
+    pub group: String,
+    /// The member id (empty: not a member yet).
+    pub member_id: String,
+    /// The member epoch.
+    pub member_epoch: i32,
+}
+
+/// How long a member waits for offsets committed inside a transaction to settle (the
+/// transaction commits, aborts, or times out) before its fetch of them fails.
+const UNSTABLE_WAIT_MAX: Duration = Duration::from_secs(120);
+
 #[derive(Debug, Default)]
 struct Membership {
     member_id: String,
@@ -504,8 +520,13 @@ impl GroupConsumer {
                 String::new()
             },
             partitions: to_list(partitions),
+            // Offsets pending in an open transaction answer UNSTABLE_OFFSET_COMMIT: wait
+            // for the settled ones, so a pipeline taking over never re-reads or skips.
+            require_stable: true,
         };
-        for _ in 0..50 {
+        let unstable_until = Instant::now() + UNSTABLE_WAIT_MAX;
+        let mut attempts = 0;
+        while attempts < 50 {
             let result = async {
                 let mut client = self.shared.coordinator().await?;
                 client
@@ -523,7 +544,15 @@ impl GroupConsumer {
                         .map(|o| ((o.topic, o.partition), o.offset))
                         .collect())
                 }
+                Err(e)
+                    if e.code == ErrorCode::UnstableOffsetCommit
+                        && Instant::now() < unstable_until =>
+                {
+                    tracing::debug!(error = %e, "waiting for a transaction's offsets to settle");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
                 Err(e) if e.is_retriable() => {
+                    attempts += 1;
                     self.shared.forget_coordinator();
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
@@ -601,25 +630,53 @@ impl GroupConsumer {
     }
 
     fn offsets_to_commit(&self, partitions: &BTreeSet<TopicPartition>) -> Vec<CommittedOffset> {
-        partitions
-            .iter()
-            .filter_map(|tp| {
-                let mut position = *self
-                    .consumer
-                    .positions()
-                    .get(tp)
-                    .or_else(|| self.paused.get(tp))?;
-                if let Some(floor) = self.hooks.as_ref().and_then(|h| h.commit_floor(tp)) {
-                    position = position.min(floor);
-                }
-                (self.committed.get(tp) != Some(&position)).then(|| CommittedOffset {
-                    topic: tp.0.clone(),
-                    partition: tp.1,
-                    offset: position,
-                    metadata: String::new(),
-                })
-            })
+        self.positions_of(partitions)
+            .filter(|o| self.committed.get(&(o.topic.clone(), o.partition)) != Some(&o.offset))
             .collect()
+    }
+
+    /// The position to commit of each of `partitions` held.
+    fn positions_of<'a>(
+        &'a self,
+        partitions: &'a BTreeSet<TopicPartition>,
+    ) -> impl Iterator<Item = CommittedOffset> + 'a {
+        partitions.iter().filter_map(|tp| {
+            let mut position = *self
+                .consumer
+                .positions()
+                .get(tp)
+                .or_else(|| self.paused.get(tp))?;
+            if let Some(floor) = self.hooks.as_ref().and_then(|h| h.commit_floor(tp)) {
+                position = position.min(floor);
+            }
+            Some(CommittedOffset {
+                topic: tp.0.clone(),
+                partition: tp.1,
+                offset: position,
+                metadata: String::new(),
+            })
+        })
+    }
+
+    /// The positions of every held partition: what a consume-transform-produce loop
+    /// commits inside its transaction with
+    /// [`Producer::send_offsets_to_transaction`](super::Producer::send_offsets_to_transaction)
+    /// (with `auto_commit` off, so that nothing else commits them).
+    pub fn positions(&self) -> Vec<CommittedOffset> {
+        let owned = self.shared.membership.lock().owned.clone();
+        self.positions_of(&owned).collect()
+    }
+
+    /// Who this member is, for committing offsets inside a transaction: the group
+    /// coordinator refuses offsets from a member that lost its partitions (a zombie
+    /// pipeline), as Kafka's KIP-447 does.
+    pub fn group_metadata(&self) -> GroupMetadata {
+        let m = self.shared.membership.lock();
+        GroupMetadata {
+            group: self.shared.config.group.clone(),
+            member_id: m.member_id.clone(),
+            member_epoch: m.epoch,
+        }
     }
 
     async fn commit_partitions(
@@ -707,6 +764,7 @@ async fn commit(shared: &Shared, offsets: Vec<CommittedOffset>) -> Result<(), Cl
             member_id,
             member_epoch,
             offsets: offsets.clone(),
+            ..OffsetCommitRequest::default()
         };
         let result = async {
             let mut client = shared.coordinator().await?;

@@ -1,5 +1,5 @@
 //! Group administration for the CLI: find a group's coordinator, list, describe (with lag),
-//! reset offsets and delete groups.
+//! reset offsets and delete groups; and a transactional producer's offset commits.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -10,6 +10,7 @@ use super::admin::AdminClient;
 use super::connection::Connection;
 use super::consumer::Consumer;
 use super::error::ClientError;
+use super::group_consumer::GroupMetadata;
 use crate::api::proto::groups_client::GroupsClient;
 use crate::api::proto::{
     CommittedOffset, DeleteGroupRequest, DescribeGroupRequest, DescribeGroupResponse,
@@ -131,8 +132,36 @@ impl GroupsAdmin {
             member_id: String::new(),
             member_epoch: -1,
             offsets,
+            ..OffsetCommitRequest::default()
         };
         self.at_coordinator(group, |mut c| {
+            let r = request.clone();
+            async move { c.offset_commit(r).await }
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Commits `offsets` as `member` inside the transaction of `transactional_id`
+    /// (`producer`: its id and epoch), which holds the group already (AddOffsets): they
+    /// take effect when it commits.
+    pub async fn commit_in_transaction(
+        &self,
+        member: &GroupMetadata,
+        offsets: Vec<CommittedOffset>,
+        transactional_id: &str,
+        producer: (i64, i16),
+    ) -> Result<(), ClientError> {
+        let request = OffsetCommitRequest {
+            group: member.group.clone(),
+            member_id: member.member_id.clone(),
+            member_epoch: member.member_epoch,
+            offsets,
+            transactional_id: transactional_id.to_owned(),
+            producer_id: producer.0,
+            producer_epoch: i32::from(producer.1),
+        };
+        self.at_coordinator(&member.group, |mut c| {
             let r = request.clone();
             async move { c.offset_commit(r).await }
         })

@@ -56,10 +56,14 @@ use super::admin::AdminClient;
 use super::cluster::Cluster;
 use super::error::ClientError;
 use super::fault::{self, FaultTracker, Outcome};
+use super::group_consumer::GroupMetadata;
+use super::groups::GroupsAdmin;
 use super::partitioner::{Partitioner, Partitioning};
 use super::transactions::TxnClient;
 use crate::api::proto::broker_client::BrokerClient;
-use crate::api::proto::{PartitionProduceData, ProduceRequest, ProduceResponse, TopicProduceData};
+use crate::api::proto::{
+    CommittedOffset, PartitionProduceData, ProduceRequest, ProduceResponse, TopicProduceData,
+};
 use crate::error_code::ErrorCode;
 use crate::record::tag::{check_tag, TAG_HEADER};
 use crate::record::{BatchBuilder, Compression, RecordRef};
@@ -308,6 +312,8 @@ struct Shared {
 struct TxnSession {
     id: String,
     client: TxnClient,
+    /// Commits offsets inside transactions, at group coordinators.
+    groups: GroupsAdmin,
     state: tokio::sync::Mutex<TxnLocal>,
 }
 
@@ -319,6 +325,10 @@ struct TxnLocal {
     open: bool,
     /// Partitions added to the open transaction.
     partitions: std::collections::HashSet<(String, u32)>,
+    /// Groups whose offsets were added to the open transaction.
+    groups: std::collections::HashSet<String>,
+    /// Why the open transaction can only be aborted (a step of it failed).
+    abort_only: Option<String>,
     /// Failed batches counted when the transaction began.
     failed_at_begin: u64,
     /// Fenced (a newer instance) or otherwise unusable: every call fails with this.
@@ -430,6 +440,7 @@ impl Producer {
             txn: config.transactional_id.clone().map(|id| TxnSession {
                 id,
                 client: TxnClient::new(bootstrap_for_txn.clone(), config.request_timeout),
+                groups: GroupsAdmin::new(bootstrap_for_txn.clone(), config.request_timeout),
                 state: tokio::sync::Mutex::new(TxnLocal::default()),
             }),
             config,
@@ -619,6 +630,8 @@ impl Producer {
         }
         state.open = true;
         state.partitions.clear();
+        state.groups.clear();
+        state.abort_only = None;
         state.failed_at_begin = self.shared.accumulator.failed_batches();
         Ok(())
     }
@@ -666,6 +679,58 @@ impl Producer {
             })
     }
 
+    /// Commits a consumer group member's `offsets` inside the open transaction (Kafka's
+    /// `sendOffsetsToTransaction`): they become the group's committed offsets when the
+    /// transaction commits, together with its records, and never if it aborts. This is
+    /// the consume-transform-produce loop's exactly-once step: the input's position and
+    /// the output move together. `member` is
+    /// [`GroupConsumer::group_metadata`](super::group_consumer::GroupConsumer::group_metadata);
+    /// a member that lost its partitions is refused (FENCED_MEMBER_EPOCH), and then the
+    /// transaction can only be aborted.
+    pub async fn send_offsets_to_transaction(
+        &self,
+        offsets: Vec<CommittedOffset>,
+        member: &GroupMetadata,
+    ) -> Result<(), ClientError> {
+        let txn = self.session()?;
+        let mut state = txn.state.lock().await;
+        check_usable(&state)?;
+        if !state.open {
+            return Err(ClientError::new(
+                ErrorCode::InvalidTxnState,
+                "no open transaction: call begin_transaction before sending offsets",
+            ));
+        }
+        if offsets.is_empty() {
+            return Ok(());
+        }
+        let identity = self.identity_now().await?;
+        if !state.groups.contains(&member.group) {
+            if let Err(e) = txn
+                .client
+                .add_offsets(&txn.id, identity, &member.group)
+                .await
+            {
+                note_fatal(&mut state, &e);
+                return Err(e);
+            }
+            state.groups.insert(member.group.clone());
+        }
+        if let Err(e) = txn
+            .groups
+            .commit_in_transaction(member, offsets, &txn.id, identity)
+            .await
+        {
+            note_fatal(&mut state, &e);
+            state.abort_only = Some(format!(
+                "committing offsets of group '{}' failed: {e}",
+                member.group
+            ));
+            return Err(e);
+        }
+        Ok(())
+    }
+
     /// Commits the open transaction: sends every queued record, and once all are
     /// acknowledged has the coordinator commit; read-committed consumers then see them
     /// all. When any record of the transaction failed, nothing is committed: the call
@@ -698,7 +763,13 @@ impl Producer {
                 format!("{failed} batches of the transaction failed; abort it"),
             ));
         }
-        if !state.partitions.is_empty() {
+        if let Some(why) = state.abort_only.as_ref().filter(|_| commit) {
+            return Err(ClientError::new(
+                ErrorCode::InvalidTxnState,
+                format!("{why}; abort the transaction"),
+            ));
+        }
+        if !state.partitions.is_empty() || !state.groups.is_empty() {
             let identity = self.identity_now().await?;
             if let Err(e) = txn.client.end(&txn.id, identity, commit).await {
                 note_fatal(&mut state, &e);
@@ -707,6 +778,8 @@ impl Producer {
         }
         state.open = false;
         state.partitions.clear();
+        state.groups.clear();
+        state.abort_only = None;
         if failed > 0 {
             // A batch that never reached its partition left a gap in this epoch's
             // sequence numbers: take a new epoch, whose sequences start at 0 (KIP-360).

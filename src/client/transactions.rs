@@ -11,7 +11,7 @@ use super::connection::Connection;
 use super::error::ClientError;
 use crate::api::proto::transactions_client::TransactionsClient;
 use crate::api::proto::{
-    AddPartitionsToTxnRequest, DescribeTransactionsRequest, EndTxnRequest,
+    AddOffsetsToTxnRequest, AddPartitionsToTxnRequest, DescribeTransactionsRequest, EndTxnRequest,
     FindTxnCoordinatorRequest, InitTxnProducerRequest, ListTransactionsRequest,
     TransactionDescription, TxnTopicPartitions,
 };
@@ -130,6 +130,27 @@ impl TxnClient {
         self.at_coordinator(id, |mut c| {
             let r = request.clone();
             async move { c.add_partitions(r).await }
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Adds consumer group `group`'s offsets to `id`'s open transaction.
+    pub async fn add_offsets(
+        &self,
+        id: &str,
+        producer: (i64, i16),
+        group: &str,
+    ) -> Result<(), ClientError> {
+        let request = AddOffsetsToTxnRequest {
+            transactional_id: id.to_owned(),
+            producer_id: producer.0,
+            producer_epoch: i32::from(producer.1),
+            group: group.to_owned(),
+        };
+        self.at_coordinator(id, |mut c| {
+            let r = request.clone();
+            async move { c.add_offsets(r).await }
         })
         .await
         .map(|_| ())

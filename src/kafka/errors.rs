@@ -80,6 +80,7 @@ pub fn kafka_error(code: ErrorCode) -> ResponseError {
         C::InvalidTransactionTimeout => K::InvalidTransactionTimeout,
         C::InvalidProducerIdMapping => K::InvalidProducerIdMapping,
         C::TransactionCoordinatorFenced => K::TransactionCoordinatorFenced,
+        C::UnstableOffsetCommit => K::UnstableOffsetCommit,
     }
 }
 

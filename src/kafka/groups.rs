@@ -467,7 +467,7 @@ impl KafkaHandler {
         let committed = self
             .groups
             .coordinator()
-            .fetch_offsets(group, "", &BTreeSet::new())
+            .fetch_offsets(group, "", &BTreeSet::new(), false)
             .await
             .map_err(|e| group_code(group, &e))?;
         let mut by_topic: BTreeMap<String, BTreeMap<i32, (i64, String)>> = BTreeMap::new();

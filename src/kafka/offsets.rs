@@ -40,6 +40,8 @@ impl KafkaHandler {
                     .with_leader_epoch(-1);
                 let query = match p.timestamp {
                     EARLIEST => OffsetQuery::Earliest,
+                    // A read-committed consumer's end is the last stable offset.
+                    LATEST if r.isolation_level == 1 => OffsetQuery::LastStable,
                     LATEST => OffsetQuery::Latest,
                     MAX_TIMESTAMP => OffsetQuery::MaxTimestamp,
                     ts if ts >= 0 => OffsetQuery::Timestamp(ts),

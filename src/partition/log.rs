@@ -999,6 +999,20 @@ impl PartitionLog {
             .is_some_and(|e| e.txn_first_offset.is_some())
     }
 
+    /// The sequence `producer_id`'s next batch at `epoch` must start at (0 for a new
+    /// producer or epoch): a coordinator writing on a producer's behalf (the group
+    /// coordinator's transactional offset commits) continues its sequence.
+    pub fn next_sequence(&self, producer_id: i64, epoch: i16) -> i32 {
+        let state = self.state.read();
+        match state.producers.get(producer_id) {
+            Some(e) if e.epoch == epoch => e
+                .batches
+                .back()
+                .map_or(0, |b| producer_state::next_sequence(b.last_seq)),
+            _ => 0,
+        }
+    }
+
     /// Open transactions: (first offset, producer id), earliest first.
     pub fn open_transactions(&self) -> Vec<(Offset, i64)> {
         self.state

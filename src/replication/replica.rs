@@ -146,6 +146,25 @@ pub enum Role {
 /// After a failed ISR proposal, wait this long before proposing again.
 const PROPOSAL_BACKOFF_MS: i64 = 500;
 
+/// What [`LocalPartition::replay`] hands over, in log order.
+#[derive(Debug)]
+pub enum Replayed<'a> {
+    /// A data record; `transaction` is the producer id when its batch is transactional.
+    Record {
+        /// The record.
+        record: &'a crate::record::Record,
+        /// The producer whose transaction it belongs to, if any.
+        transaction: Option<i64>,
+    },
+    /// A marker ending `producer_id`'s transaction.
+    Marker {
+        /// The producer.
+        producer_id: i64,
+        /// Commit (else abort).
+        commit: bool,
+    },
+}
+
 /// One partition stored here.
 pub struct LocalPartition {
     /// The topic's name.
@@ -171,6 +190,20 @@ impl LocalPartition {
         &self,
         mut f: impl FnMut(&crate::record::Record),
     ) -> Result<(), ReplicaError> {
+        self.replay(|item| {
+            if let Replayed::Record { record, .. } = item {
+                f(record);
+            }
+        })
+    }
+
+    /// Like [`LocalPartition::replay_records`], with the transactions: each record says
+    /// which producer's transaction it belongs to, and transaction markers come too (the
+    /// group coordinator settles offsets committed inside transactions). Blocking.
+    pub fn replay(&self, mut f: impl FnMut(Replayed<'_>)) -> Result<(), ReplicaError> {
+        let corrupt = |e: crate::record::RecordError| {
+            ReplicaError::new(ErrorCode::CorruptMessage, e.to_string())
+        };
         let end = self.log.log_end_offset();
         let mut next = self.log.log_start_offset();
         while next < end {
@@ -178,18 +211,40 @@ impl LocalPartition {
                 .log
                 .read(next, 1 << 20, crate::partition::Isolation::LogEnd)
                 .map_err(|e| ReplicaError::from_log(&self.name(), e))?;
-            let records = crate::record::decode_data_records(
-                &data.records,
-                crate::partition::MAX_UNCOMPRESSED_BATCH_BYTES,
-            )
-            .map_err(|e| ReplicaError::new(ErrorCode::CorruptMessage, e.to_string()))?;
-            let Some(last) = records.last().map(|r| r.offset) else {
+            let mut last = None;
+            for batch in crate::record::BatchIter::new(&data.records) {
+                let batch = batch.map_err(corrupt)?;
+                batch.verify_crc().map_err(corrupt)?;
+                let h = batch.header();
+                last = Some(h.last_offset() as u64);
+                if (h.last_offset() as u64) < next.0 {
+                    continue;
+                }
+                if h.is_control() {
+                    let marker = crate::record::control::decode_marker(&batch).map_err(corrupt)?;
+                    f(Replayed::Marker {
+                        producer_id: h.producer_id,
+                        commit: marker.commit,
+                    });
+                    continue;
+                }
+                let txn = h.is_transactional().then_some(h.producer_id);
+                batch
+                    .for_each_record(crate::partition::MAX_UNCOMPRESSED_BATCH_BYTES, |r| {
+                        if r.offset as u64 >= next.0 {
+                            f(Replayed::Record {
+                                record: &r.to_record(),
+                                transaction: txn,
+                            });
+                        }
+                        Ok(())
+                    })
+                    .map_err(corrupt)?;
+            }
+            let Some(last) = last else {
                 break;
             };
-            for r in records.iter().filter(|r| r.offset as u64 >= next.0) {
-                f(r);
-            }
-            next = Offset(last as u64 + 1);
+            next = Offset(last + 1);
         }
         Ok(())
     }

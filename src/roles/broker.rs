@@ -182,6 +182,7 @@ impl BrokerRuntime {
                 ..GroupSettings::default()
             },
         );
+        node.set_marker_observer(groups.marker_observer());
         let timers = Arc::new(Timers::new(
             node.clone(),
             TimerSettings {

@@ -2,6 +2,11 @@
 //! partition this broker leads. Membership lives in memory (members re-join after a
 //! coordinator change); committed offsets are appended to the offsets partition with
 //! acks=all and loaded back from it when the broker takes the partition's leadership.
+//!
+//! Offsets committed inside a producer's transaction (Kafka's TxnOffsetCommit) are
+//! appended as that producer's transactional records and held pending until the
+//! transaction's marker reaches the offsets partition: a commit marker makes them the
+//! group's offsets, an abort drops them. Replay applies the same rule to the log.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -15,9 +20,9 @@ use super::classic::{self, ClassicGroup, JoinAnswer, JoinRequest, Reply};
 use super::offsets::{self, OffsetKey, OffsetValue, OFFSETS_TOPIC};
 use super::state::{GroupState, Member};
 use crate::broker::error::BrokerError;
-use crate::broker::node::{now_ms, Acks, BrokerNode};
+use crate::broker::node::{now_ms, Acks, BrokerNode, MarkerObserver};
 use crate::error_code::ErrorCode;
-use crate::replication::replica::LocalPartition;
+use crate::replication::replica::{LocalPartition, Replayed};
 use crate::types::LeaderEpoch;
 
 /// Group coordination settings of a broker.
@@ -66,6 +71,8 @@ struct Group {
     state: GroupState,
     classic: ClassicGroup,
     offsets: BTreeMap<OffsetKey, OffsetValue>,
+    /// Offsets committed inside open transactions, by producer id.
+    pending: BTreeMap<i64, BTreeMap<OffsetKey, OffsetValue>>,
 }
 
 impl Group {
@@ -147,6 +154,17 @@ pub enum Committer {
         /// Generation (classic) or member epoch (consumer).
         generation: i32,
     },
+}
+
+/// The transaction an offset commit belongs to (Kafka's TxnOffsetCommit).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TxnCommit {
+    /// The producer's transactional id.
+    pub transactional_id: String,
+    /// Its producer id.
+    pub producer_id: i64,
+    /// Its epoch.
+    pub producer_epoch: i16,
 }
 
 /// A heartbeat, as the service hands it over.
@@ -356,21 +374,9 @@ impl GroupCoordinator {
         inner
             .waiters
             .retain(|(name, _, _), _| offsets::partition_for(name, count) != partition);
-        let loaded = tokio::task::spawn_blocking(move || {
-            let mut out: BTreeMap<OffsetKey, OffsetValue> = BTreeMap::new();
-            local.replay_records(|r| match offsets::decode(r) {
-                Some((k, Some(v))) => {
-                    out.insert(k, v);
-                }
-                Some((k, None)) => {
-                    out.remove(&k);
-                }
-                None => {}
-            })?;
-            Ok::<_, BrokerError>(out)
-        })
-        .await
-        .map_err(|e| error(ErrorCode::UnknownServerError, format!("load task: {e}")))??;
+        let (loaded, pending) = tokio::task::spawn_blocking(move || replay(&local))
+            .await
+            .map_err(|e| error(ErrorCode::UnknownServerError, format!("load task: {e}")))??;
         let n = loaded.len();
         for (k, v) in loaded {
             inner
@@ -379,6 +385,18 @@ impl GroupCoordinator {
                 .or_default()
                 .offsets
                 .insert(k, v);
+        }
+        for (producer_id, entries) in pending {
+            for (k, v) in entries {
+                inner
+                    .groups
+                    .entry(k.group.clone())
+                    .or_default()
+                    .pending
+                    .entry(producer_id)
+                    .or_default()
+                    .insert(k, v);
+            }
         }
         inner.loaded.insert(partition, epoch);
         tracing::info!(partition, %epoch, offsets = n, "loaded committed offsets");
@@ -877,6 +895,29 @@ impl GroupCoordinator {
         who: Committer,
         entries: Vec<(String, u32, i64, String)>,
     ) -> Result<(), BrokerError> {
+        self.commit_as(group, who, entries, None).await
+    }
+
+    /// [`GroupCoordinator::commit`] inside `txn` (Kafka's TxnOffsetCommit): the offsets
+    /// take effect when the transaction commits, and vanish if it aborts. The
+    /// transaction must hold the group's offsets partition (AddOffsetsToTxn).
+    pub async fn commit_transactional(
+        &self,
+        group: &str,
+        who: Committer,
+        entries: Vec<(String, u32, i64, String)>,
+        txn: TxnCommit,
+    ) -> Result<(), BrokerError> {
+        self.commit_as(group, who, entries, Some(txn)).await
+    }
+
+    async fn commit_as(
+        &self,
+        group: &str,
+        who: Committer,
+        entries: Vec<(String, u32, i64, String)>,
+        txn: Option<TxnCommit>,
+    ) -> Result<(), BrokerError> {
         // The lock is held across the append, so the log and the memory see commits in
         // the same order (and the offsets clean-up snapshots a consistent view).
         let mut inner = self.inner.lock().await;
@@ -1027,15 +1068,95 @@ impl GroupCoordinator {
         if keys.is_empty() {
             return Ok(());
         }
-        self.append(partition, &keys).await?;
+        let Some(txn) = txn else {
+            self.append(partition, &keys).await?;
+            metrics::counter!("tidelog_group_commits_total", "group" => group.to_owned())
+                .increment(1);
+            let g = inner.groups.entry(group.to_owned()).or_default();
+            for (k, v) in keys {
+                if let Some(v) = v {
+                    g.offsets.insert(k, v);
+                }
+            }
+            return Ok(());
+        };
+        self.append_transactional(partition, &keys, &txn).await?;
         metrics::counter!("tidelog_group_commits_total", "group" => group.to_owned()).increment(1);
-        let g = inner.groups.entry(group.to_owned()).or_default();
+        let pending = inner
+            .groups
+            .entry(group.to_owned())
+            .or_default()
+            .pending
+            .entry(txn.producer_id)
+            .or_default();
         for (k, v) in keys {
             if let Some(v) = v {
-                g.offsets.insert(k, v);
+                pending.insert(k, v);
             }
         }
         Ok(())
+    }
+
+    /// Appends offsets as `txn`'s transactional records, continuing its producer's
+    /// sequence in the offsets partition (the caller holds the coordinator's lock, so no
+    /// other write of this producer interleaves).
+    async fn append_transactional(
+        &self,
+        partition: u32,
+        entries: &[(OffsetKey, Option<OffsetValue>)],
+        txn: &TxnCommit,
+    ) -> Result<(), BrokerError> {
+        let (local, _) = self.node.leader_partition(OFFSETS_TOPIC, partition)?;
+        let producer = offsets::TxnProducer {
+            producer_id: txn.producer_id,
+            producer_epoch: txn.producer_epoch,
+            first_sequence: local.log.next_sequence(txn.producer_id, txn.producer_epoch),
+        };
+        let batch_bytes_max = self.node.topic_config(OFFSETS_TOPIC).max_message_bytes;
+        let batch = offsets::encode_as(entries, now_ms(), batch_bytes_max, Some(producer));
+        self.node
+            .produce_as(
+                OFFSETS_TOPIC,
+                partition,
+                batch,
+                Acks::All,
+                self.settings.commit_timeout,
+                Some(&txn.transactional_id),
+            )
+            .await
+            .map(|_| ())
+    }
+
+    /// The observer to give [`BrokerNode::set_marker_observer`]: markers reaching an
+    /// offsets partition settle its pending transactional offsets.
+    pub fn marker_observer(self: &Arc<Self>) -> Arc<dyn MarkerObserver> {
+        Arc::new(OffsetsMarkers(Arc::downgrade(self)))
+    }
+
+    /// A transaction marker of `producer_id` reached offsets partition `partition`
+    /// (every in-sync replica holds it): its pending offsets take effect (commit) or are
+    /// dropped (abort).
+    pub async fn transaction_ended(&self, partition: u32, producer_id: i64, commit: bool) {
+        let mut inner = self.inner.lock().await;
+        if !inner.loaded.contains_key(&partition) {
+            // Not loaded here: loading replays the marker.
+            return;
+        }
+        let count = self
+            .node
+            .metadata()
+            .topic(OFFSETS_TOPIC)
+            .map_or(1, |t| t.partitions.len() as u32);
+        for (name, g) in inner.groups.iter_mut() {
+            if offsets::partition_for(name, count) != partition {
+                continue;
+            }
+            if let Some(entries) = g.pending.remove(&producer_id) {
+                if commit {
+                    g.offsets.extend(entries);
+                }
+            }
+        }
     }
 
     async fn append(
@@ -1059,17 +1180,36 @@ impl GroupCoordinator {
 
     /// Committed offsets of `group` (of `instance` for broadcast groups), optionally only
     /// for `wanted` partitions.
+    /// With `require_stable`, a partition with offsets pending in an open transaction
+    /// answers the retriable UNSTABLE_OFFSET_COMMIT (Kafka's KIP-447): a consumer taking
+    /// over after a pipeline's crash starts from the settled offset.
     pub async fn fetch_offsets(
         &self,
         group: &str,
         instance: &str,
         wanted: &BTreeSet<TopicPartition>,
+        require_stable: bool,
     ) -> Result<Vec<(OffsetKey, OffsetValue)>, BrokerError> {
         let mut inner = self.inner.lock().await;
         self.own(&mut inner, group).await?;
         let Some(g) = inner.groups.get(group) else {
             return Ok(Vec::new());
         };
+        if require_stable {
+            let unstable = g.pending.values().flat_map(BTreeMap::keys).find(|k| {
+                k.instance == instance
+                    && (wanted.is_empty() || wanted.contains(&(k.topic.clone(), k.partition)))
+            });
+            if let Some(k) = unstable {
+                return Err(error(
+                    ErrorCode::UnstableOffsetCommit,
+                    format!(
+                        "group '{group}': {}-{} has an offset committed inside a transaction that has not completed yet; retry",
+                        k.topic, k.partition
+                    ),
+                ));
+            }
+        }
         Ok(g.offsets
             .iter()
             .filter(|(k, _)| k.instance == instance)
@@ -1237,6 +1377,15 @@ impl GroupCoordinator {
                     ),
                 ));
             }
+            if !g.pending.is_empty() {
+                return Err(error(
+                    ErrorCode::GroupNotEmpty,
+                    format!(
+                        "group '{group}' has offsets committed inside {} open transactions; end them first",
+                        g.pending.len()
+                    ),
+                ));
+            }
             let keys: Vec<(OffsetKey, Option<OffsetValue>)> =
                 g.offsets.keys().map(|k| (k.clone(), None)).collect();
             (partition, keys)
@@ -1318,6 +1467,13 @@ impl GroupCoordinator {
             if current != epoch {
                 continue;
             }
+            // Moving the log start past a transaction's records before its marker would
+            // lose them on the next load.
+            if inner.groups.iter().any(|(name, g)| {
+                offsets::partition_for(name, count) == partition && !g.pending.is_empty()
+            }) {
+                continue;
+            }
             let live: Vec<(OffsetKey, Option<OffsetValue>)> = inner
                 .groups
                 .iter()
@@ -1351,4 +1507,67 @@ impl GroupCoordinator {
             }
         }
     }
+}
+
+/// Settles transactional offsets when markers reach an offsets partition (weak: the node
+/// holding it is held by the coordinator).
+struct OffsetsMarkers(std::sync::Weak<GroupCoordinator>);
+
+impl MarkerObserver for OffsetsMarkers {
+    fn marker_written(
+        &self,
+        topic: &str,
+        partition: u32,
+        producer_id: i64,
+        commit: bool,
+    ) -> futures_util::future::BoxFuture<'static, ()> {
+        let coordinator = self.0.upgrade().filter(|_| topic == OFFSETS_TOPIC);
+        Box::pin(async move {
+            if let Some(c) = coordinator {
+                c.transaction_ended(partition, producer_id, commit).await;
+            }
+        })
+    }
+}
+
+/// Committed offsets of an offsets partition's log, and those pending in transactions
+/// still open at its end (by producer id).
+type Replay = (
+    BTreeMap<OffsetKey, OffsetValue>,
+    BTreeMap<i64, BTreeMap<OffsetKey, OffsetValue>>,
+);
+
+/// Reads an offsets partition: the latest commit of each key wins; a transaction's
+/// commits count from its commit marker, and not at all after an abort.
+fn replay(local: &LocalPartition) -> Result<Replay, BrokerError> {
+    let mut out: BTreeMap<OffsetKey, OffsetValue> = BTreeMap::new();
+    let mut pending: BTreeMap<i64, BTreeMap<OffsetKey, OffsetValue>> = BTreeMap::new();
+    local.replay(|item| match item {
+        Replayed::Record {
+            record,
+            transaction,
+        } => match (offsets::decode(record), transaction) {
+            (Some((k, Some(v))), Some(producer_id)) => {
+                pending.entry(producer_id).or_default().insert(k, v);
+            }
+            (Some((k, Some(v))), None) => {
+                out.insert(k, v);
+            }
+            (Some((k, None)), _) => {
+                out.remove(&k);
+            }
+            (None, _) => {}
+        },
+        Replayed::Marker {
+            producer_id,
+            commit,
+        } => {
+            if let Some(entries) = pending.remove(&producer_id) {
+                if commit {
+                    out.extend(entries);
+                }
+            }
+        }
+    })?;
+    Ok((out, pending))
 }

@@ -57,8 +57,37 @@ pub fn encode(
     now_ms: i64,
     batch_bytes_max: usize,
 ) -> Vec<u8> {
+    encode_as(entries, now_ms, batch_bytes_max, None)
+}
+
+/// A producer writing offsets inside its transaction: id, epoch, first sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TxnProducer {
+    /// Producer id.
+    pub producer_id: i64,
+    /// Producer epoch.
+    pub producer_epoch: i16,
+    /// Sequence of the first record written.
+    pub first_sequence: i32,
+}
+
+/// [`encode`] as transactional batches of `producer` (`None`: plain batches); the
+/// sequences continue across the batches.
+pub fn encode_as(
+    entries: &[(OffsetKey, Option<OffsetValue>)],
+    now_ms: i64,
+    batch_bytes_max: usize,
+    producer: Option<TxnProducer>,
+) -> Vec<u8> {
+    let mut sequence = producer.map_or(0, |p| p.first_sequence);
+    let fresh = |sequence: i32| match producer {
+        None => BatchBuilder::new(Compression::None),
+        Some(p) => BatchBuilder::new(Compression::None)
+            .producer(p.producer_id, p.producer_epoch, sequence)
+            .transactional(true),
+    };
     let mut out = Vec::new();
-    let mut builder = BatchBuilder::new(Compression::None);
+    let mut builder = fresh(sequence);
     for (k, v) in entries {
         let key = serde_json::to_vec(k).expect("serializable");
         let value = v
@@ -67,7 +96,10 @@ pub fn encode(
         let size = key.len() + value.as_ref().map_or(0, Vec::len) + RECORD_OVERHEAD_MAX;
         if !builder.is_empty() && builder.uncompressed_size() + size > batch_bytes_max {
             out.extend(builder.build(0).expect("not empty"));
-            builder = BatchBuilder::new(Compression::None);
+            sequence = crate::partition::producer_state::next_sequence(
+                sequence.wrapping_add(builder.len() as i32 - 1),
+            );
+            builder = fresh(sequence);
         }
         builder.push(RecordRef {
             timestamp: now_ms,
@@ -125,6 +157,44 @@ mod tests {
         assert_eq!(decode(&records[1]), Some((k, None)));
         assert_eq!(partition_for("g", 50), partition_for("g", 50));
         assert!(partition_for("another", 50) < 50);
+    }
+
+    #[test]
+    fn transactional_offsets_continue_the_producers_sequence_across_batches() {
+        let entries: Vec<(OffsetKey, Option<OffsetValue>)> = (0..300)
+            .map(|p| {
+                let key = OffsetKey {
+                    group: "g".into(),
+                    instance: String::new(),
+                    topic: "t".into(),
+                    partition: p,
+                };
+                let value = OffsetValue {
+                    offset: 1,
+                    metadata: String::new(),
+                    timestamp: 1,
+                };
+                (key, Some(value))
+            })
+            .collect();
+        let producer = TxnProducer {
+            producer_id: 7,
+            producer_epoch: 3,
+            first_sequence: 40,
+        };
+        let bytes = encode_as(&entries, 1, 4096, Some(producer));
+        let mut next = 40;
+        let mut batches = 0;
+        for batch in crate::record::BatchIter::new(&bytes) {
+            let h = *batch.unwrap().header();
+            assert!(h.is_transactional());
+            assert_eq!((h.producer_id, h.producer_epoch), (7, 3));
+            assert_eq!(h.base_sequence, next);
+            next += h.record_count;
+            batches += 1;
+        }
+        assert!(batches > 1, "{batches} batches");
+        assert_eq!(next, 340);
     }
 
     #[test]

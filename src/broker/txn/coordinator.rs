@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::state::{self, EndDecision, InitDecision, TxnMeta, TxnPartition, TxnState};
 use crate::broker::error::BrokerError;
+use crate::broker::group::offsets::{self, OFFSETS_TOPIC};
 use crate::broker::node::{now_ms, Acks, BrokerNode};
 use crate::error_code::ErrorCode;
 use crate::record::control::ControlMarker;
@@ -342,6 +343,53 @@ impl TxnCoordinator {
                 ));
             }
         }
+        self.add(id, producer_id, producer_epoch, partitions).await
+    }
+
+    /// Adds consumer group `group`'s offsets partition to `id`'s transaction (Kafka's
+    /// AddOffsetsToTxn), so the group coordinator may commit offsets inside it and the
+    /// transaction's marker settles them.
+    pub async fn add_offsets(
+        &self,
+        id: &str,
+        producer_id: i64,
+        producer_epoch: i16,
+        group: &str,
+    ) -> Result<(), BrokerError> {
+        if group.is_empty() || group.len() > 255 {
+            return Err(error(
+                ErrorCode::InvalidRequest,
+                format!("group must be 1 to 255 bytes, got {}", group.len()),
+            ));
+        }
+        let count = self
+            .node
+            .metadata()
+            .topic(OFFSETS_TOPIC)
+            .map(|t| t.partitions.len() as u32)
+            .ok_or_else(|| {
+                error(
+                    ErrorCode::NotCoordinator,
+                    format!(
+                        "{OFFSETS_TOPIC} does not exist yet; find the group's coordinator first"
+                    ),
+                )
+            })?;
+        let partition = (
+            OFFSETS_TOPIC.to_owned(),
+            offsets::partition_for(group, count),
+        );
+        self.add(id, producer_id, producer_epoch, BTreeSet::from([partition]))
+            .await
+    }
+
+    async fn add(
+        &self,
+        id: &str,
+        producer_id: i64,
+        producer_epoch: i16,
+        partitions: BTreeSet<TxnPartition>,
+    ) -> Result<(), BrokerError> {
         let (partition, _) = self.own(id).await?;
         let (busy, current) = self.take(id).await?;
         let current = current.ok_or_else(|| not_found(id))?;
