@@ -1303,3 +1303,114 @@ async fn kafka_clients_schedule_records_with_the_delay_header() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(kcat_consume(&s.kafka, "later", None).len(), 20);
 }
+
+/// Transactions from librdkafka: an aborted transaction is invisible to read-committed
+/// readers (tidelog's and kcat's), and an exactly-once copy (a read-committed group
+/// consumer plus a transactional producer committing the group's offsets in each
+/// transaction) copies every record once, with the group at the end afterwards; the
+/// transactions show in `tidelog transactions list`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confluent_kafka_transactions_copy_exactly_once_and_abort() {
+    let Some(c) = clients() else { return };
+    let s = start();
+    python(&c, &["create", &s.kafka, "eos-in", "3"]);
+    python(&c, &["create", &s.kafka, "eos-out", "3"]);
+    python(&c, &["produce", &s.kafka, "eos-in", "600", "none"]);
+    let aborted = python(&c, &["txn_abort", &s.kafka, "eos-in", "30"]);
+    assert_eq!(aborted[0]["aborted"], 30);
+    let copied = python(
+        &c,
+        &[
+            "eos_copy", &s.kafka, "eos-in", "eos-out", "eos", "py-copier", "4",
+        ],
+    );
+    // The copier read committed: the aborted records never reached it.
+    assert_eq!(copied[0]["copied"], 600, "{copied:?}");
+    assert!(copied[0]["transactions"].as_i64().unwrap() >= 1);
+    assert_group_at_end(&s, "eos", "eos-in", 3);
+    // Every input record exactly once, in the same partition and order.
+    let input = read_all(std::slice::from_ref(&s.grpc), "eos-in", 3).await;
+    let committed_input: Vec<(u32, String)> = input
+        .iter()
+        .filter(|(_, _, v)| !v.starts_with("aborted-"))
+        .map(|(p, _, v)| (*p, v.clone()))
+        .collect();
+    assert_eq!(committed_input.len(), 600);
+    assert_eq!(
+        input.len(),
+        630,
+        "read_uncommitted sees the aborted records"
+    );
+    let mut reader = tidelog::client::consumer::Consumer::new(
+        vec![s.grpc.clone()],
+        Duration::from_secs(20),
+    );
+    reader.set_read_committed(true);
+    let mut output: Vec<(u32, String)> = Vec::new();
+    for p in 0..3 {
+        reader
+            .assign("eos-out", p, tidelog::client::consumer::StartAt::Earliest)
+            .await
+            .unwrap();
+    }
+    let mut idle = 0;
+    while idle < 4 {
+        let batch = reader.poll(Duration::from_millis(300)).await.unwrap();
+        idle = if batch.is_empty() { idle + 1 } else { 0 };
+        output.extend(
+            batch
+                .into_iter()
+                .map(|r| (r.partition, String::from_utf8_lossy(&r.value.unwrap()).into_owned())),
+        );
+    }
+    // Per partition in offset order (stable sorts keep each partition's order).
+    output.sort_by_key(|(p, _)| *p);
+    let mut want = committed_input.clone();
+    want.sort_by_key(|(p, _)| *p);
+    assert_eq!(output, want);
+    // kcat reading committed sees no aborted record of the input.
+    let out = Command::new("kcat")
+        .args([
+            "-b",
+            &s.kafka,
+            "-C",
+            "-t",
+            "eos-in",
+            "-o",
+            "beginning",
+            "-e",
+            "-q",
+            "-X",
+            "isolation.level=read_committed",
+            "-f",
+            "%s\\n",
+        ])
+        .output()
+        .expect("run kcat");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.lines().count(), 600);
+    assert!(!text.contains("aborted-"));
+    // Both transactional ids are known to the coordinator, each's last transaction
+    // ended as it should.
+    let (ok, out, err) = cli(&[
+        "transactions",
+        "list",
+        "--bootstrap",
+        &s.grpc,
+        "--output",
+        "json",
+    ]);
+    assert!(ok, "{err}");
+    let list: Value = serde_json::from_str(out.trim()).unwrap();
+    let state_of = |id: &str| {
+        list["transactions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["transactional_id"] == id)
+            .map(|t| t["state"].as_str().unwrap().to_owned())
+    };
+    assert_eq!(state_of("py-aborter").as_deref(), Some("CompleteAbort"), "{list}");
+    assert_eq!(state_of("py-copier").as_deref(), Some("CompleteCommit"), "{list}");
+}

@@ -454,8 +454,18 @@ async fn last_stable(bootstrap: &str, topic: &str) -> i64 {
     sum
 }
 
+/// A copier process, killed when dropped (also when the test fails).
+struct Copier(std::process::Child);
+
+impl Drop for Copier {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Starts `tidelog transactions copy` from `in` to `out` as its own process.
-fn start_copier(bootstrap: &str, log: &std::path::Path) -> std::process::Child {
+fn start_copier(bootstrap: &str, log: &std::path::Path) -> Copier {
     let args = [
         "transactions",
         "copy",
@@ -481,6 +491,7 @@ fn start_copier(bootstrap: &str, log: &std::path::Path) -> std::process::Child {
         .stdout(std::process::Stdio::piped())
         .stderr(std::fs::File::create(log).unwrap())
         .spawn()
+        .map(Copier)
         .expect("spawn the copier")
 }
 
@@ -532,7 +543,7 @@ async fn an_exactly_once_copier_survives_three_kill9s() {
     let mut seen_before = log_end(&bootstrap, "out").await;
     while kills < 3 {
         let log = dir.path().join(format!("copier-{kills}.stderr"));
-        let mut copier = start_copier(&bootstrap, &log);
+        let copier = start_copier(&bootstrap, &log);
         // Once it has made progress since it started, kill it inside a transaction:
         // stop it at varying moments until its transaction is open (for the first and
         // last kill, with the group's offsets already in it), then SIGKILL.
@@ -548,7 +559,7 @@ async fn an_exactly_once_copier_survives_three_kill9s() {
         let mut hit = None;
         for attempt in 0..400u64 {
             tokio::time::sleep(Duration::from_millis(3 + attempt * 7 % 31)).await;
-            signal(&copier, libc::SIGSTOP);
+            signal(&copier.0, libc::SIGSTOP);
             let open = txns
                 .describe("copier-1")
                 .await
@@ -564,10 +575,9 @@ async fn an_exactly_once_copier_survives_three_kill9s() {
                     break;
                 }
             }
-            signal(&copier, libc::SIGCONT);
+            signal(&copier.0, libc::SIGCONT);
         }
-        copier.kill().unwrap();
-        copier.wait().unwrap();
+        drop(copier);
         let hit = hit.expect("the copier was never caught inside a transaction");
         println!("kill {kills} inside a transaction over {hit:?}");
         kills += 1;
@@ -598,12 +608,11 @@ async fn an_exactly_once_copier_survives_three_kill9s() {
     })
     .await;
     assert!(
-        copier.try_wait().unwrap().is_none(),
+        copier.0.try_wait().unwrap().is_none(),
         "{}",
         std::fs::read_to_string(&log).unwrap_or_default()
     );
-    copier.kill().unwrap();
-    copier.wait().unwrap();
+    drop(copier);
     let input = read_topic(&bootstrap, "in", false).await;
     assert_eq!(input.len(), sent as usize);
     let output = read_topic(&bootstrap, "out", true).await;

@@ -15,13 +15,14 @@ use super::internal_topics::{self, InternalTopic};
 use super::proto::transactions_server::Transactions;
 use super::proto::txn_markers_client::TxnMarkersClient;
 use super::proto::txn_markers_server::TxnMarkers;
+use super::proto::txn_check_answer;
 use super::proto::{
     AddOffsetsToTxnRequest, AddOffsetsToTxnResponse, AddPartitionsToTxnRequest,
     AddPartitionsToTxnResponse, DescribeTransactionsRequest, DescribeTransactionsResponse,
     EndTxnRequest, EndTxnResponse, FindTxnCoordinatorRequest, FindTxnCoordinatorResponse,
     InitTxnProducerRequest, InitTxnProducerResponse, ListTransactionsRequest,
-    ListTransactionsResponse, TransactionDescription, TxnMarker, TxnMarkerResult,
-    TxnTopicPartitions, VerifyTxnPartitionRequest, VerifyTxnPartitionResponse,
+    ListTransactionsResponse, TransactionDescription, TxnCheck, TxnCheckAnswer,
+    TxnCheckVerdict, TxnMarker, TxnMarkerResult, TxnTopicPartitions, VerifyTxnPartitionRequest, VerifyTxnPartitionResponse,
     WriteTxnMarkersRequest, WriteTxnMarkersResponse,
 };
 use super::status::{error_status, to_wire};
@@ -66,6 +67,11 @@ impl TxnService {
             coordinator,
             admin,
         }
+    }
+
+    /// The coordinator behind the service.
+    pub fn coordinator(&self) -> &Arc<TxnCoordinator> {
+        &self.coordinator
     }
 
     /// The coordinator of `id` (creating `__transaction_state` on first use) and its

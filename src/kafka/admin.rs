@@ -48,15 +48,14 @@ fn failure(status: &tonic::Status) -> (i16, Option<StrBytes>) {
 }
 
 impl KafkaHandler {
-    /// InitProducerId for an idempotent producer: a fresh id (epoch 0) from the block
-    /// this broker reserved. Transactional ids are refused until transactions exist.
+    /// InitProducerId: for an idempotent producer a fresh id (epoch 0) from the block
+    /// this broker reserved; for a transactional one, from its coordinator.
     pub async fn init_producer_id(&self, r: InitProducerIdRequest) -> InitProducerIdResponse {
         let refused = InitProducerIdResponse::default()
             .with_producer_id(ProducerId(-1))
             .with_producer_epoch(-1);
-        if r.transactional_id.as_ref().is_some_and(|t| !t.0.is_empty()) {
-            return refused
-                .with_error_code(ResponseError::TransactionalIdAuthorizationFailed.code());
+        if let Some(id) = r.transactional_id.as_ref().filter(|t| !t.0.is_empty()) {
+            return self.init_transactional_producer(&r, id.as_str()).await;
         }
         match self
             .admin

@@ -184,6 +184,22 @@ async fn handle(
         Body::ConsumerGroupDescribe(r) => {
             encode_response(api, version, id, &h.consumer_group_describe(r).await)
         }
+        Body::AddPartitionsToTxn(r) => {
+            encode_response(api, version, id, &h.add_partitions_to_txn(r).await)
+        }
+        Body::AddOffsetsToTxn(r) => {
+            encode_response(api, version, id, &h.add_offsets_to_txn(r).await)
+        }
+        Body::EndTxn(r) => encode_response(api, version, id, &h.end_txn(r).await),
+        Body::TxnOffsetCommit(r) => {
+            encode_response(api, version, id, &h.txn_offset_commit(r).await)
+        }
+        Body::DescribeTransactions(r) => {
+            encode_response(api, version, id, &h.describe_transactions(r).await)
+        }
+        Body::ListTransactions(r) => {
+            encode_response(api, version, id, &h.list_transactions(r).await)
+        }
     };
     metrics::counter!("tidelog_requests_total", &labels).increment(1);
     metrics::histogram!("tidelog_request_duration_seconds", &labels)

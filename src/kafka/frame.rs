@@ -8,7 +8,8 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{
-    AlterConfigsRequest, AlterPartitionReassignmentsRequest, ApiKey, ApiVersionsRequest,
+    AddOffsetsToTxnRequest, AddPartitionsToTxnRequest, DescribeTransactionsRequest,
+    EndTxnRequest, ListTransactionsRequest, TxnOffsetCommitRequest, AlterConfigsRequest, AlterPartitionReassignmentsRequest, ApiKey, ApiVersionsRequest,
     ConsumerGroupDescribeRequest, ConsumerGroupHeartbeatRequest, CreatePartitionsRequest,
     CreateTopicsRequest, DeleteGroupsRequest, DeleteRecordsRequest, DeleteTopicsRequest,
     DescribeClusterRequest, DescribeConfigsRequest, DescribeGroupsRequest, ElectLeadersRequest,
@@ -108,6 +109,18 @@ pub enum Body {
     ConsumerGroupHeartbeat(ConsumerGroupHeartbeatRequest),
     /// ConsumerGroupDescribe.
     ConsumerGroupDescribe(ConsumerGroupDescribeRequest),
+    /// AddPartitionsToTxn.
+    AddPartitionsToTxn(AddPartitionsToTxnRequest),
+    /// AddOffsetsToTxn.
+    AddOffsetsToTxn(AddOffsetsToTxnRequest),
+    /// EndTxn.
+    EndTxn(EndTxnRequest),
+    /// TxnOffsetCommit.
+    TxnOffsetCommit(TxnOffsetCommitRequest),
+    /// DescribeTransactions.
+    DescribeTransactions(DescribeTransactionsRequest),
+    /// ListTransactions.
+    ListTransactions(ListTransactionsRequest),
     /// IncrementalAlterConfigs.
     IncrementalAlterConfigs(IncrementalAlterConfigsRequest),
     /// AlterConfigs.
@@ -239,6 +252,14 @@ fn decode_body(api: ApiKey, version: i16, buf: &mut Bytes) -> anyhow::Result<Bod
             Body::ListPartitionReassignments(Decodable::decode(buf, version)?)
         }
         ApiKey::DeleteRecords => Body::DeleteRecords(Decodable::decode(buf, version)?),
+        ApiKey::AddPartitionsToTxn => Body::AddPartitionsToTxn(Decodable::decode(buf, version)?),
+        ApiKey::AddOffsetsToTxn => Body::AddOffsetsToTxn(Decodable::decode(buf, version)?),
+        ApiKey::EndTxn => Body::EndTxn(Decodable::decode(buf, version)?),
+        ApiKey::TxnOffsetCommit => Body::TxnOffsetCommit(Decodable::decode(buf, version)?),
+        ApiKey::DescribeTransactions => {
+            Body::DescribeTransactions(Decodable::decode(buf, version)?)
+        }
+        ApiKey::ListTransactions => Body::ListTransactions(Decodable::decode(buf, version)?),
         other => anyhow::bail!("{other:?} is advertised but has no decoder"),
     })
 }

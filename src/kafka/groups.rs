@@ -54,7 +54,9 @@ use crate::broker::group::offsets::METADATA_BYTES_MAX;
 use crate::broker::BrokerError;
 use crate::error_code::ErrorCode;
 
-/// FindCoordinator's key type for transactional ids (not served yet).
+/// FindCoordinator's key type for groups.
+const KEY_TYPE_GROUP: i8 = 0;
+/// FindCoordinator's key type for transactional ids.
 const KEY_TYPE_TRANSACTION: i8 = 1;
 
 fn s(v: impl Into<String>) -> StrBytes {
@@ -74,7 +76,7 @@ fn group_code(group: &str, e: &BrokerError) -> i16 {
 /// The Kafka code of a failed commit, as Kafka's coordinator answers: a failure to
 /// write the offsets log is the coordinator being unavailable (clients retry); a
 /// consumer-protocol member's epoch mismatch is STALE_MEMBER_EPOCH (clients refresh it).
-fn commit_code(group: &str, e: &BrokerError) -> i16 {
+pub(super) fn commit_code(group: &str, e: &BrokerError) -> i16 {
     match e.code {
         ErrorCode::NotEnoughReplicas
         | ErrorCode::NotEnoughReplicasAfterAppend
@@ -87,6 +89,12 @@ fn commit_code(group: &str, e: &BrokerError) -> i16 {
         _ => group_code(group, e),
     }
 }
+
+/// One partition of an OffsetFetch answer: index, offset (-1: none), metadata, error.
+type FetchedOffset = (i32, i64, String, i16);
+
+/// A commit's answer per topic: each partition with its own error, if it has one.
+pub(super) type CommitAnswers = Vec<(TopicName, Vec<(i32, Option<i16>)>)>;
 
 /// A duration in ms from the wire; negative is `None`.
 fn millis(ms: i32) -> Option<Duration> {
@@ -139,25 +147,20 @@ fn assignment_bytes(set: &BTreeSet<TopicPartition>) -> Bytes {
 impl KafkaHandler {
     /// The coordinator of one key as (error, message, node, host, port).
     async fn coordinator_of(&self, key: &str, key_type: i8) -> (i16, String, i32, String, i32) {
-        if key_type == KEY_TYPE_TRANSACTION {
-            return (
-                ResponseError::InvalidRequest.code(),
-                "transactions are not supported yet".to_owned(),
-                -1,
-                String::new(),
-                -1,
-            );
-        }
-        if key_type != 0 {
-            return (
-                ResponseError::InvalidRequest.code(),
-                format!("key type {key_type} is not served (0: group)"),
-                -1,
-                String::new(),
-                -1,
-            );
-        }
-        let located = match self.groups.locate(key).await {
+        let located = match key_type {
+            KEY_TYPE_GROUP => self.groups.locate(key).await,
+            KEY_TYPE_TRANSACTION => self.txns.locate(key).await,
+            _ => {
+                return (
+                    ResponseError::InvalidRequest.code(),
+                    format!("key type {key_type} is not served (0: group, 1: transaction)"),
+                    -1,
+                    String::new(),
+                    -1,
+                )
+            }
+        };
+        let located = match located {
             Ok((leader, _)) => self
                 .node
                 .metadata()
@@ -387,40 +390,14 @@ impl KafkaHandler {
     /// their own; the rest commit together (or fail together, with the group's error).
     pub async fn offset_commit(&self, r: OffsetCommitRequest) -> OffsetCommitResponse {
         let group = r.group_id.to_string();
-        let mut entries = Vec::new();
-        // Per topic: each partition with its own error, if it has one.
-        type Answers = Vec<(TopicName, Vec<(i32, Option<i16>)>)>;
-        let mut answers: Answers = Vec::new();
-        for t in r.topics {
-            let name = t.name.to_string();
-            let partitions = self
-                .node
-                .metadata()
-                .topic(&name)
-                .map(|t| t.partitions.len());
-            let mut out = Vec::with_capacity(t.partitions.len());
-            for p in t.partitions {
-                let metadata = p
-                    .committed_metadata
-                    .map(|m| m.to_string())
-                    .unwrap_or_default();
-                let code = match (partitions, u32::try_from(p.partition_index)) {
-                    (Some(n), Ok(i)) if (i as usize) < n => {
-                        if metadata.len() > METADATA_BYTES_MAX {
-                            Some(ResponseError::OffsetMetadataTooLarge.code())
-                        } else if p.committed_offset < 0 {
-                            Some(ResponseError::InvalidCommitOffsetSize.code())
-                        } else {
-                            entries.push((name.clone(), i, p.committed_offset, metadata));
-                            None
-                        }
-                    }
-                    _ => Some(ResponseError::UnknownTopicOrPartition.code()),
-                };
-                out.push((p.partition_index, code));
-            }
-            answers.push((t.name, out));
-        }
+        let (entries, answers) = self.plan_commit(r.topics.into_iter().map(|t| {
+            let partitions = t
+                .partitions
+                .into_iter()
+                .map(|p| (p.partition_index, p.committed_offset, p.committed_metadata))
+                .collect();
+            (t.name, partitions)
+        }));
         let outcome = if entries.is_empty() {
             0
         } else {
@@ -457,19 +434,67 @@ impl KafkaHandler {
         )
     }
 
+    /// Checks each partition of a commit: the valid ones become entries (topic,
+    /// partition, offset, metadata) to commit together, the others get their own error.
+    pub(super) fn plan_commit(
+        &self,
+        topics: impl Iterator<Item = (TopicName, Vec<(i32, i64, Option<StrBytes>)>)>,
+    ) -> (Vec<(String, u32, i64, String)>, CommitAnswers) {
+        let mut entries = Vec::new();
+        let mut answers: CommitAnswers = Vec::new();
+        for (topic, partitions_asked) in topics {
+            let name = topic.to_string();
+            let partitions = self
+                .node
+                .metadata()
+                .topic(&name)
+                .map(|t| t.partitions.len());
+            let mut out = Vec::with_capacity(partitions_asked.len());
+            for (index, offset, metadata) in partitions_asked {
+                let metadata = metadata.map(|m| m.to_string()).unwrap_or_default();
+                let code = match (partitions, u32::try_from(index)) {
+                    (Some(n), Ok(i)) if (i as usize) < n => {
+                        if metadata.len() > METADATA_BYTES_MAX {
+                            Some(ResponseError::OffsetMetadataTooLarge.code())
+                        } else if offset < 0 {
+                            Some(ResponseError::InvalidCommitOffsetSize.code())
+                        } else {
+                            entries.push((name.clone(), i, offset, metadata));
+                            None
+                        }
+                    }
+                    _ => Some(ResponseError::UnknownTopicOrPartition.code()),
+                };
+                out.push((index, code));
+            }
+            answers.push((topic, out));
+        }
+        (entries, answers)
+    }
+
     /// One group's committed offsets for OffsetFetch: (topic, [(partition, offset,
     /// metadata)]) for `topics` (`None`: every committed partition), or the group error.
     async fn fetch_group_offsets(
         &self,
         group: &str,
         topics: Option<Vec<(String, Vec<i32>)>>,
-    ) -> Result<Vec<(String, Vec<(i32, i64, String)>)>, i16> {
-        let committed = self
-            .groups
-            .coordinator()
+        require_stable: bool,
+    ) -> Result<Vec<(String, Vec<FetchedOffset>)>, i16> {
+        let coordinator = self.groups.coordinator();
+        let committed = coordinator
             .fetch_offsets(group, "", &BTreeSet::new(), false)
             .await
             .map_err(|e| group_code(group, &e))?;
+        // KIP-447: a partition with an offset pending in an open transaction answers
+        // UNSTABLE_OFFSET_COMMIT, and the client asks again.
+        let unstable = if require_stable {
+            coordinator
+                .unstable_offsets(group)
+                .await
+                .map_err(|e| group_code(group, &e))?
+        } else {
+            BTreeSet::new()
+        };
         let mut by_topic: BTreeMap<String, BTreeMap<i32, (i64, String)>> = BTreeMap::new();
         for (k, v) in committed {
             by_topic
@@ -477,10 +502,22 @@ impl KafkaHandler {
                 .or_default()
                 .insert(k.partition as i32, (v.offset, v.metadata));
         }
+        let answer = |t: &str, p: i32, found: Option<&(i64, String)>| {
+            if u32::try_from(p).is_ok_and(|q| unstable.contains(&(t.to_owned(), q))) {
+                return (p, -1, String::new(), ResponseError::UnstableOffsetCommit.code());
+            }
+            match found {
+                Some((o, m)) => (p, *o, m.clone(), 0),
+                None => (p, -1, String::new(), 0),
+            }
+        };
         Ok(match topics {
             None => by_topic
-                .into_iter()
-                .map(|(t, ps)| (t, ps.into_iter().map(|(p, (o, m))| (p, o, m)).collect()))
+                .iter()
+                .map(|(t, ps)| {
+                    let ps = ps.iter().map(|(p, v)| answer(t, *p, Some(v))).collect();
+                    (t.clone(), ps)
+                })
                 .collect(),
             Some(wanted) => wanted
                 .into_iter()
@@ -488,10 +525,7 @@ impl KafkaHandler {
                     let have = by_topic.get(&t);
                     let ps = ps
                         .into_iter()
-                        .map(|p| match have.and_then(|h| h.get(&p)) {
-                            Some((o, m)) => (p, *o, m.clone()),
-                            None => (p, -1, String::new()),
-                        })
+                        .map(|p| answer(&t, p, have.and_then(|h| h.get(&p))))
                         .collect();
                     (t, ps)
                 })
@@ -509,7 +543,10 @@ impl KafkaHandler {
                         .map(|t| (t.name.to_string(), t.partition_indexes))
                         .collect()
                 });
-                let answer = match self.fetch_group_offsets(g.group_id.as_str(), wanted).await {
+                let fetched = self
+                    .fetch_group_offsets(g.group_id.as_str(), wanted, r.require_stable)
+                    .await;
+                let answer = match fetched {
                     Err(code) => OffsetFetchResponseGroup::default().with_error_code(code),
                     Ok(topics) => OffsetFetchResponseGroup::default().with_topics(
                         topics
@@ -519,12 +556,13 @@ impl KafkaHandler {
                                     .with_name(TopicName(s(t)))
                                     .with_partitions(
                                         ps.into_iter()
-                                            .map(|(p, o, m)| {
+                                            .map(|(p, o, m, code)| {
                                                 OffsetFetchResponsePartitions::default()
                                                     .with_partition_index(p)
                                                     .with_committed_offset(o)
                                                     .with_committed_leader_epoch(-1)
                                                     .with_metadata(Some(s(m)))
+                                                    .with_error_code(code)
                                             })
                                             .collect(),
                                     )
@@ -541,7 +579,10 @@ impl KafkaHandler {
                 .map(|t| (t.name.to_string(), t.partition_indexes))
                 .collect()
         });
-        match self.fetch_group_offsets(r.group_id.as_str(), wanted).await {
+        let fetched = self
+            .fetch_group_offsets(r.group_id.as_str(), wanted, r.require_stable)
+            .await;
+        match fetched {
             Err(code) => OffsetFetchResponse::default().with_error_code(code),
             Ok(topics) => OffsetFetchResponse::default().with_topics(
                 topics
@@ -551,12 +592,13 @@ impl KafkaHandler {
                             .with_name(TopicName(s(t)))
                             .with_partitions(
                                 ps.into_iter()
-                                    .map(|(p, o, m)| {
+                                    .map(|(p, o, m, code)| {
                                         OffsetFetchResponsePartition::default()
                                             .with_partition_index(p)
                                             .with_committed_offset(o)
                                             .with_committed_leader_epoch(-1)
                                             .with_metadata(Some(s(m)))
+                                            .with_error_code(code)
                                     })
                                     .collect(),
                             )

@@ -25,6 +25,7 @@ pub mod groups;
 pub mod metadata;
 pub mod offsets;
 pub mod produce;
+pub mod txn;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,6 +37,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::api::broker_admin_service::BrokerAdminService;
 use crate::api::groups_service::GroupsService;
+use crate::api::txn_service::TxnService;
 use crate::broker::BrokerNode;
 use crate::net::LogLimiter;
 
@@ -62,6 +64,9 @@ pub struct KafkaHandler {
     pub node: BrokerNode,
     /// The Groups service gRPC clients call (same coordinator, same offsets).
     pub groups: GroupsService,
+    /// The Transactions service gRPC clients call (coordinator lookup and the
+    /// coordinator).
+    pub txns: TxnService,
     /// The Admin service gRPC clients call (same validation and forwarding).
     pub admin: BrokerAdminService,
     /// `auto_create_topics_enable`.

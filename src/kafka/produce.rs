@@ -49,7 +49,12 @@ impl KafkaHandler {
         } else {
             PRODUCE_TIMEOUT_DEFAULT
         };
-        let transactional = r.transactional_id.is_some();
+        let transactional_id = r
+            .transactional_id
+            .as_ref()
+            .map(|t| t.to_string())
+            .filter(|t| !t.is_empty());
+        let transactional_id = transactional_id.as_deref();
         let mut pending = Vec::new();
         for (t, topic) in r.topic_data.iter().enumerate() {
             for p in &topic.partition_data {
@@ -59,10 +64,6 @@ impl KafkaHandler {
                         (None, _) => Err((
                             ResponseError::InvalidRequiredAcks.code(),
                             format!("acks must be 0, 1 or -1, got {}", r.acks),
-                        )),
-                        _ if transactional => Err((
-                            ResponseError::TransactionalIdAuthorizationFailed.code(),
-                            "transactions are not supported yet".to_owned(),
                         )),
                         (_, None) => Err((
                             ResponseError::CorruptMessage.code(),
@@ -77,7 +78,14 @@ impl KafkaHandler {
                         )),
                         (Some(acks), Some(records)) if p.index >= 0 => self
                             .node
-                            .produce(name, p.index as u32, records.to_vec(), acks, timeout)
+                            .produce_as(
+                                name,
+                                p.index as u32,
+                                records.to_vec(),
+                                acks,
+                                timeout,
+                                transactional_id,
+                            )
                             .await
                             .map_err(|e: BrokerError| (kafka_code(e.code), e.message)),
                         _ => Err((

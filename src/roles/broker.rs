@@ -271,7 +271,11 @@ impl BrokerRuntime {
 
     /// The public Transactions service.
     pub fn txn_service(&self) -> TransactionsServer<TxnService> {
-        TransactionsServer::new(TxnService::new(
+        TransactionsServer::new(self.txn_front())
+    }
+
+    fn txn_front(&self) -> TxnService {
+        TxnService::new(
             self.node.clone(),
             self.txns.clone(),
             AdminClient::internal(
@@ -279,7 +283,7 @@ impl BrokerRuntime {
                 Duration::from_secs(30),
                 self.secret.clone(),
             ),
-        ))
+        )
     }
 
     /// The internal TxnMarkers service (markers from other brokers' coordinators).
@@ -328,6 +332,7 @@ impl BrokerRuntime {
                     self.secret.clone(),
                 ),
             ),
+            txns: self.txn_front(),
             admin: self.admin_service(local),
             auto_create: self.config.auto_create_topics_enable,
         });

@@ -30,6 +30,15 @@ aiokafka.
                                            timestamps (acks=all), consume them in group
                                            "CLIENT-group" committing; prints {"ack": ...}
                                            lines, then one JSON line per record
+  txn_abort BOOTSTRAP TOPIC N               a transactional producer writes N records
+                                           ("aborted-i") to every partition and aborts
+  eos_copy BOOTSTRAP SRC DST GROUP TXN_ID IDLE_S
+                                           exactly-once copy: a read_committed group consumer
+                                           of SRC and a transactional producer to DST commit
+                                           each batch's output and input offsets in one
+                                           transaction (send_offsets_to_transaction); exits
+                                           after IDLE_S seconds without a record; prints
+                                           {"copied": n, "transactions": t}
 """
 import json
 import sys
@@ -365,8 +374,52 @@ def consume(bootstrap, topic, partitions, n):
     c.close()
 
 
+def txn_abort(bootstrap, topic, n):
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": "py-aborter"})
+    p.init_transactions(30)
+    p.begin_transaction()
+    partitions = len(p.list_topics(topic, timeout=10).topics[topic].partitions)
+    for i in range(int(n)):
+        p.produce(topic, value=f"aborted-{i}".encode(), partition=i % partitions)
+    p.flush(30)
+    p.abort_transaction(30)
+    print(json.dumps({"aborted": int(n)}))
+
+
+def eos_copy(bootstrap, src, dst, group, txn_id, idle_s):
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap,
+        "group.id": group,
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        "isolation.level": "read_committed",
+    })
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": txn_id})
+    producer.init_transactions(30)
+    consumer.subscribe([src])
+    copied = transactions = 0
+    last = time.time()
+    while time.time() - last < float(idle_s):
+        msgs = consumer.consume(500, 0.5)
+        msgs = [m for m in msgs if m.error() is None]
+        if not msgs:
+            continue
+        last = time.time()
+        producer.begin_transaction()
+        for m in msgs:
+            producer.produce(dst, key=m.key(), value=m.value(), partition=m.partition())
+        producer.send_offsets_to_transaction(
+            consumer.position(consumer.assignment()), consumer.consumer_group_metadata(), 30)
+        producer.commit_transaction(30)
+        copied += len(msgs)
+        transactions += 1
+    consumer.close()
+    print(json.dumps({"copied": copied, "transactions": transactions}))
+
+
 if __name__ == "__main__":
     {"create": create, "produce": produce, "consume": consume, "group_consume": group_consume,
      "member": member, "committed": committed, "roundtrip": roundtrip, "groups": groups,
      "produce_through_failures": produce_through_failures, "admin": admin,
-     "delete_records": delete_records}[sys.argv[1]](*sys.argv[2:])
+     "delete_records": delete_records, "txn_abort": txn_abort,
+     "eos_copy": eos_copy}[sys.argv[1]](*sys.argv[2:])

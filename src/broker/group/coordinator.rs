@@ -1178,6 +1178,19 @@ impl GroupCoordinator {
             .map(|_| ())
     }
 
+    /// The partitions of `group` with offsets pending in open transactions.
+    pub async fn unstable_offsets(&self, group: &str) -> Result<BTreeSet<TopicPartition>, BrokerError> {
+        let mut inner = self.inner.lock().await;
+        self.own(&mut inner, group).await?;
+        Ok(inner.groups.get(group).map_or_else(BTreeSet::new, |g| {
+            g.pending
+                .values()
+                .flat_map(BTreeMap::keys)
+                .map(|k| (k.topic.clone(), k.partition))
+                .collect()
+        }))
+    }
+
     /// Committed offsets of `group` (of `instance` for broadcast groups), optionally only
     /// for `wanted` partitions.
     /// With `require_stable`, a partition with offsets pending in an open transaction

@@ -53,6 +53,13 @@ pub struct TxnSettings {
     /// An id idle this long is forgotten (Kafka's `transactional.id.expiration.ms`); the
     /// topic's retention drops its records too.
     pub id_expiration: Duration,
+    /// A transaction open this long is checked back with its producer, if the producer
+    /// registered a checker, and again after each further interval (RocketMQ's
+    /// `transactionCheckInterval`).
+    pub check_interval: Duration,
+    /// Checks without a verdict before the transaction is aborted (RocketMQ's
+    /// `transactionCheckMax`).
+    pub check_max: u32,
 }
 
 impl Default for TxnSettings {
@@ -64,6 +71,8 @@ impl Default for TxnSettings {
             timeout_max_ms: 900_000,
             write_timeout: Duration::from_secs(10),
             id_expiration: Duration::from_secs(7 * 24 * 3600),
+            check_interval: Duration::from_secs(60),
+            check_max: 15,
         }
     }
 }
@@ -91,6 +100,57 @@ pub struct TxnDescription {
     pub meta: TxnMeta,
 }
 
+/// What the coordinator tells a producer's check-back stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CheckEvent {
+    /// Did the local transaction behind the open transaction started at `started_ms`
+    /// commit?
+    Check {
+        /// The transaction's start (ms).
+        started_ms: i64,
+        /// Its partitions.
+        partitions: Vec<TxnPartition>,
+        /// 1 for its first check.
+        attempt: u32,
+    },
+    /// The transaction started at `started_ms` ended without the producer's EndTxn.
+    Ended {
+        /// The transaction's start (ms).
+        started_ms: i64,
+        /// Whether it committed.
+        committed: bool,
+    },
+}
+
+/// How a producer answered a check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckVerdict {
+    /// Its local transaction committed: commit.
+    Commit,
+    /// Its local transaction rolled back: abort.
+    Rollback,
+    /// Not known yet: ask again later.
+    Unknown,
+}
+
+/// A live producer's check-back stream.
+struct Checker {
+    producer_id: i64,
+    epoch: i16,
+    session: u64,
+    events: tokio::sync::mpsc::Sender<CheckEvent>,
+}
+
+/// Checks sent for an id's open transaction.
+#[derive(Debug, Clone, Copy)]
+struct ChecksSent {
+    started_ms: i64,
+    sent: u32,
+}
+
+/// Most check events queued for one producer.
+const CHECK_QUEUE: usize = 16;
+
 #[derive(Default)]
 struct Inner {
     /// State partitions loaded, at the leader epoch they were loaded for.
@@ -107,6 +167,11 @@ pub struct TxnCoordinator {
     inner: Mutex<Inner>,
     /// Ids with a change or markers in flight.
     busy: parking_lot::Mutex<HashSet<String>>,
+    /// Producers that answer checks, by transactional id.
+    checkers: parking_lot::Mutex<HashMap<String, Checker>>,
+    /// Checks sent per id (for its current open transaction).
+    checks: parking_lot::Mutex<HashMap<String, ChecksSent>>,
+    next_session: std::sync::atomic::AtomicU64,
 }
 
 fn error(code: ErrorCode, message: impl Into<String>) -> BrokerError {
@@ -139,6 +204,9 @@ impl TxnCoordinator {
             peers,
             inner: Mutex::new(Inner::default()),
             busy: parking_lot::Mutex::new(HashSet::new()),
+            checkers: parking_lot::Mutex::new(HashMap::new()),
+            checks: parking_lot::Mutex::new(HashMap::new()),
+            next_session: std::sync::atomic::AtomicU64::new(1),
         })
     }
 
@@ -597,6 +665,191 @@ impl TxnCoordinator {
                 tracing::debug!(transactional_id = %id, error = %e, "completing a transaction");
             }
         }
+        self.check_back(now).await;
+    }
+
+    /// Registers a live producer of `id` to answer checks of its open transactions;
+    /// returns the session (for [`TxnCoordinator::unregister_checker`]) and the events
+    /// to send it. A newer registration of the id replaces the older one.
+    pub async fn register_checker(
+        &self,
+        id: &str,
+        producer_id: i64,
+        producer_epoch: i16,
+    ) -> Result<(u64, tokio::sync::mpsc::Receiver<CheckEvent>), BrokerError> {
+        self.own(id).await?;
+        let current = self.inner.lock().await.txns.get(id).cloned();
+        let m = current.ok_or_else(|| not_found(id))?;
+        state::check_producer(id, &m, producer_id, producer_epoch)?;
+        let session = self
+            .next_session
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (events, receiver) = tokio::sync::mpsc::channel(CHECK_QUEUE);
+        self.checkers.lock().insert(
+            id.to_owned(),
+            Checker {
+                producer_id,
+                epoch: producer_epoch,
+                session,
+                events,
+            },
+        );
+        tracing::debug!(transactional_id = id, producer_id, "transaction checker registered");
+        Ok((session, receiver))
+    }
+
+    /// Forgets the checker of `id` registered as `session` (its stream ended).
+    pub fn unregister_checker(&self, id: &str, session: u64) {
+        let mut checkers = self.checkers.lock();
+        if checkers.get(id).is_some_and(|c| c.session == session) {
+            checkers.remove(id);
+        }
+    }
+
+    /// A producer's verdict on the transaction of `id` started at `started_ms`: commit or
+    /// abort it (a verdict on a transaction that is no longer open is ignored).
+    pub async fn answer_check(
+        &self,
+        id: &str,
+        producer_id: i64,
+        producer_epoch: i16,
+        started_ms: i64,
+        verdict: CheckVerdict,
+    ) -> Result<(), BrokerError> {
+        let commit = match verdict {
+            CheckVerdict::Commit => true,
+            CheckVerdict::Rollback => false,
+            CheckVerdict::Unknown => return Ok(()),
+        };
+        self.end_checked(id, producer_id, producer_epoch, started_ms, commit, "the producer's verdict")
+            .await
+    }
+
+    /// Ends a checked transaction if it is still the open one, then tells the checker.
+    async fn end_checked(
+        &self,
+        id: &str,
+        producer_id: i64,
+        producer_epoch: i16,
+        started_ms: i64,
+        commit: bool,
+        why: &str,
+    ) -> Result<(), BrokerError> {
+        let deadline = tokio::time::Instant::now() + self.settings.write_timeout;
+        loop {
+            let open = self.inner.lock().await.txns.get(id).is_some_and(|m| {
+                m.state == TxnState::Ongoing
+                    && m.started_ms == started_ms
+                    && m.producer_id == producer_id
+                    && m.producer_epoch == producer_epoch
+            });
+            if !open {
+                return Ok(());
+            }
+            match self.end_txn(id, producer_id, producer_epoch, commit).await {
+                // Another change of the id is in flight: wait for it, then look again.
+                Err(e)
+                    if e.code == ErrorCode::ConcurrentTransactions
+                        && tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => return Err(e),
+                Ok(()) => break,
+            }
+        }
+        tracing::info!(transactional_id = id, producer_id, commit, why, "a checked transaction ended");
+        self.checks.lock().remove(id);
+        let checker = self
+            .checkers
+            .lock()
+            .get(id)
+            .map(|c| c.events.clone());
+        if let Some(events) = checker {
+            let _ = events.try_send(CheckEvent::Ended {
+                started_ms,
+                committed: commit,
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks back open transactions whose producers registered checkers: one check per
+    /// `check_interval` of age; after `check_max` checks without a verdict, an abort.
+    async fn check_back(&self, now: i64) {
+        let interval_ms = self.settings.check_interval.as_millis() as i64;
+        let open: Vec<(String, TxnMeta)> = {
+            let inner = self.inner.lock().await;
+            let mut checkers = self.checkers.lock();
+            // A checker of an older epoch or producer was fenced: end its stream.
+            checkers.retain(|id, c| {
+                inner.txns.get(id).is_none_or(|m| {
+                    m.producer_id == c.producer_id && m.producer_epoch == c.epoch
+                })
+            });
+            inner
+                .txns
+                .iter()
+                .filter(|(id, m)| {
+                    m.state == TxnState::Ongoing
+                        && m.started_ms >= 0
+                        && !state::timed_out(m, now)
+                        && checkers.contains_key(*id)
+                })
+                .map(|(id, m)| (id.clone(), m.clone()))
+                .collect()
+        };
+        for (id, m) in open {
+            let sent = {
+                let mut checks = self.checks.lock();
+                let entry = checks.entry(id.clone()).or_insert(ChecksSent {
+                    started_ms: m.started_ms,
+                    sent: 0,
+                });
+                if entry.started_ms != m.started_ms {
+                    *entry = ChecksSent {
+                        started_ms: m.started_ms,
+                        sent: 0,
+                    };
+                }
+                entry.sent
+            };
+            let due = m.started_ms + interval_ms * (i64::from(sent) + 1);
+            if now < due {
+                continue;
+            }
+            if sent >= self.settings.check_max {
+                let why = format!("{sent} checks without a verdict");
+                if let Err(e) = self
+                    .end_checked(&id, m.producer_id, m.producer_epoch, m.started_ms, false, &why)
+                    .await
+                {
+                    tracing::debug!(transactional_id = %id, error = %e, "aborting an unanswered transaction");
+                }
+                continue;
+            }
+            let events = self.checkers.lock().get(&id).map(|c| c.events.clone());
+            let Some(events) = events else { continue };
+            let check = CheckEvent::Check {
+                started_ms: m.started_ms,
+                partitions: m.partitions.iter().cloned().collect(),
+                attempt: sent + 1,
+            };
+            // A full queue (a producer not reading) counts as a check without a verdict.
+            let _ = events.try_send(check);
+            if let Some(c) = self.checks.lock().get_mut(&id) {
+                c.sent += 1;
+            }
+            metrics::counter!("tidelog_transaction_checks_total").increment(1);
+        }
+        // Forget counts of transactions that are no longer open.
+        let inner = self.inner.lock().await;
+        self.checks.lock().retain(|id, c| {
+            inner
+                .txns
+                .get(id)
+                .is_some_and(|m| m.state == TxnState::Ongoing && m.started_ms == c.started_ms)
+        });
     }
 
     /// Completes `m` (a `Prepare*` state), or aborts it when it timed out.

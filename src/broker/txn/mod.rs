@@ -3,9 +3,12 @@
 //! `__transaction_state` topic, as a group's is of `__consumer_offsets`.
 //!
 //! - [`state`]: the state machine of one id, as pure decisions;
-//! - [`coordinator`]: requests, the log of states, markers, timeouts and failover.
+//! - [`coordinator`]: requests, the log of states, markers, timeouts, failover and
+//!   check-back (asking a live producer whether its local transaction committed).
 
 pub mod coordinator;
 pub mod state;
 
-pub use coordinator::{MarkerPeers, TxnCoordinator, TxnDescription, TxnSettings, TXN_TOPIC};
+pub use coordinator::{
+    CheckEvent, CheckVerdict, MarkerPeers, TxnCoordinator, TxnDescription, TxnSettings, TXN_TOPIC,
+};
