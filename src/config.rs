@@ -295,6 +295,13 @@ pub struct BrokerConfig {
     /// A transactional id idle this long is forgotten (ms; Kafka's
     /// `transactional.id.expiration.ms`).
     pub transactional_id_expiration_ms: u64,
+    /// A transaction open this long is checked back with its producer when the producer
+    /// registered a checker, and again after each further interval (ms; RocketMQ's
+    /// `transactionCheckInterval`).
+    pub transaction_check_interval_ms: u64,
+    /// Checks without a verdict before such a transaction is aborted (RocketMQ's
+    /// `transactionCheckMax`).
+    pub transaction_check_max: u32,
     /// Most connections open at once on the listener.
     pub connections_max: usize,
     /// Longest a new connection may take to open with the HTTP/2 preface (ms).
@@ -361,6 +368,8 @@ impl Default for BrokerConfig {
             transaction_state_log_replication_factor: 3,
             transaction_max_timeout_ms: 900_000,
             transactional_id_expiration_ms: 7 * 24 * 3600 * 1000,
+            transaction_check_interval_ms: 60_000,
+            transaction_check_max: 15,
             connections_max: 10_000,
             connection_handshake_timeout_ms: 10_000,
             connections_max_idle_ms: 600_000,
@@ -457,13 +466,15 @@ impl BrokerConfig {
             || self.transaction_state_log_replication_factor == 0
             || self.transaction_max_timeout_ms == 0
             || self.transactional_id_expiration_ms == 0
+            || self.transaction_check_interval_ms == 0
         {
             return bad(format!(
-                "transaction_state_log_num_partitions must be 1 to 1000, and transaction_state_log_replication_factor, transaction_max_timeout_ms and transactional_id_expiration_ms at least 1, got {}, {}, {} and {}",
+                "transaction_state_log_num_partitions must be 1 to 1000, and transaction_state_log_replication_factor, transaction_max_timeout_ms, transactional_id_expiration_ms and transaction_check_interval_ms at least 1, got {}, {}, {}, {} and {}",
                 self.transaction_state_log_num_partitions,
                 self.transaction_state_log_replication_factor,
                 self.transaction_max_timeout_ms,
-                self.transactional_id_expiration_ms
+                self.transactional_id_expiration_ms,
+                self.transaction_check_interval_ms
             ));
         }
         if self.timers_max_pending_per_partition == 0 {

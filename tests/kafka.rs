@@ -1321,7 +1321,13 @@ async fn confluent_kafka_transactions_copy_exactly_once_and_abort() {
     let copied = python(
         &c,
         &[
-            "eos_copy", &s.kafka, "eos-in", "eos-out", "eos", "py-copier", "4",
+            "eos_copy",
+            &s.kafka,
+            "eos-in",
+            "eos-out",
+            "eos",
+            "py-copier",
+            "4",
         ],
     );
     // The copier read committed: the aborted records never reached it.
@@ -1341,10 +1347,8 @@ async fn confluent_kafka_transactions_copy_exactly_once_and_abort() {
         630,
         "read_uncommitted sees the aborted records"
     );
-    let mut reader = tidelog::client::consumer::Consumer::new(
-        vec![s.grpc.clone()],
-        Duration::from_secs(20),
-    );
+    let mut reader =
+        tidelog::client::consumer::Consumer::new(vec![s.grpc.clone()], Duration::from_secs(20));
     reader.set_read_committed(true);
     let mut output: Vec<(u32, String)> = Vec::new();
     for p in 0..3 {
@@ -1357,11 +1361,12 @@ async fn confluent_kafka_transactions_copy_exactly_once_and_abort() {
     while idle < 4 {
         let batch = reader.poll(Duration::from_millis(300)).await.unwrap();
         idle = if batch.is_empty() { idle + 1 } else { 0 };
-        output.extend(
-            batch
-                .into_iter()
-                .map(|r| (r.partition, String::from_utf8_lossy(&r.value.unwrap()).into_owned())),
-        );
+        output.extend(batch.into_iter().map(|r| {
+            (
+                r.partition,
+                String::from_utf8_lossy(&r.value.unwrap()).into_owned(),
+            )
+        }));
     }
     // Per partition in offset order (stable sorts keep each partition's order).
     output.sort_by_key(|(p, _)| *p);
@@ -1387,7 +1392,11 @@ async fn confluent_kafka_transactions_copy_exactly_once_and_abort() {
         ])
         .output()
         .expect("run kcat");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(text.lines().count(), 600);
     assert!(!text.contains("aborted-"));
@@ -1411,6 +1420,14 @@ async fn confluent_kafka_transactions_copy_exactly_once_and_abort() {
             .find(|t| t["transactional_id"] == id)
             .map(|t| t["state"].as_str().unwrap().to_owned())
     };
-    assert_eq!(state_of("py-aborter").as_deref(), Some("CompleteAbort"), "{list}");
-    assert_eq!(state_of("py-copier").as_deref(), Some("CompleteCommit"), "{list}");
+    assert_eq!(
+        state_of("py-aborter").as_deref(),
+        Some("CompleteAbort"),
+        "{list}"
+    );
+    assert_eq!(
+        state_of("py-copier").as_deref(),
+        Some("CompleteCommit"),
+        "{list}"
+    );
 }

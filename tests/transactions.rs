@@ -5,14 +5,19 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use common::{cli, free_ports, standalone};
+use futures_util::future::BoxFuture;
 use tidelog::client::consumer::{Consumer, StartAt};
 use tidelog::client::groups::GroupsAdmin;
 use tidelog::client::producer::{Producer, ProducerConfig, ProducerRecord};
-use tidelog::client::transactions::TxnClient;
+use tidelog::client::transactions::{
+    CheckVerdict, TransactionCheck, TransactionChecker, TxnClient,
+};
 use tidelog::client::AdminClient;
 use tidelog::error_code::ErrorCode;
 
@@ -643,4 +648,122 @@ async fn an_exactly_once_copier_survives_three_kill9s() {
         output.len(),
         uncommitted
     );
+}
+
+/// Answers every check with a fixed verdict (`None`: never answers), counting checks.
+struct FixedChecker {
+    verdict: Option<CheckVerdict>,
+    checks: Arc<AtomicU32>,
+}
+
+impl TransactionChecker for FixedChecker {
+    fn check(&self, _check: TransactionCheck) -> BoxFuture<'static, CheckVerdict> {
+        self.checks.fetch_add(1, Ordering::SeqCst);
+        match self.verdict {
+            Some(v) => Box::pin(async move { v }),
+            None => Box::pin(std::future::pending()),
+        }
+    }
+}
+
+/// RocketMQ-style check-back: producers that begin a transaction, write, and never end
+/// it are asked by the coordinator; "commit" makes the records visible, "rollback" never
+/// does, and a producer that never gives a verdict (silent, or "unknown") is aborted
+/// after `transaction_check_max` checks, long before the transaction's timeout. A
+/// producer without a checker is not asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_back_settles_transactions_their_producers_left_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_ports(1)[0];
+    let _server = common::standalone_with(
+        dir.path(),
+        port,
+        &[
+            ("TIDELOG_TRANSACTION_CHECK_INTERVAL_MS", "1000"),
+            ("TIDELOG_TRANSACTION_CHECK_MAX", "3"),
+        ],
+    );
+    let bootstrap = format!("127.0.0.1:{port}");
+    let admin = AdminClient::new(vec![bootstrap.clone()], Duration::from_secs(10));
+    for t in ["a", "b"] {
+        admin
+            .create_topic(t, Some(3), Some(1), Default::default())
+            .await
+            .unwrap();
+    }
+    let cases: [(&str, Option<Option<CheckVerdict>>); 5] = [
+        ("commits", Some(Some(CheckVerdict::Commit))),
+        ("rolls-back", Some(Some(CheckVerdict::Rollback))),
+        ("silent", Some(None)),
+        ("unsure", Some(Some(CheckVerdict::Unknown))),
+        ("unchecked", None),
+    ];
+    let mut producers = Vec::new();
+    for (i, (id, verdict)) in cases.iter().enumerate() {
+        let p = transactional(&bootstrap, id, Duration::from_secs(120));
+        p.init_transactions().await.unwrap();
+        let checks = Arc::new(AtomicU32::new(0));
+        if let Some(verdict) = verdict {
+            p.set_transaction_checker(Arc::new(FixedChecker {
+                verdict: *verdict,
+                checks: checks.clone(),
+            }))
+            .await
+            .unwrap();
+        }
+        p.begin_transaction().await.unwrap();
+        for n in 0..3 {
+            p.send_sync(record("a", (i % 3) as u32, format!("{id}-{n}")))
+                .await
+                .unwrap();
+        }
+        producers.push((p, checks));
+    }
+    let txns = TxnClient::new(vec![bootstrap.clone()], Duration::from_secs(10));
+    for (id, want) in [
+        ("commits", "CompleteCommit"),
+        ("rolls-back", "CompleteAbort"),
+        ("silent", "CompleteAbort"),
+        ("unsure", "CompleteAbort"),
+    ] {
+        common::eventually(
+            &format!("{id} ends as {want}"),
+            Duration::from_secs(30),
+            || {
+                let txns = &txns;
+                async move { (txns.describe(id).await.ok()?.state == want).then_some(()) }
+            },
+        )
+        .await;
+    }
+    // Not asked without a checker: still open (its timeout is minutes away).
+    assert_eq!(txns.describe("unchecked").await.unwrap().state, "Ongoing");
+    assert_eq!(producers[4].1.load(Ordering::SeqCst), 0);
+    // "unknown" was asked exactly transaction_check_max times; the silent one at least
+    // once (its checker never returned).
+    assert_eq!(producers[3].1.load(Ordering::SeqCst), 3);
+    assert!(producers[2].1.load(Ordering::SeqCst) >= 1);
+    // The committing producer learned its transaction ended and carries on.
+    let committer = &producers[0].0;
+    common::eventually("the producer learns", Duration::from_secs(10), || async {
+        committer.begin_transaction().await.ok()
+    })
+    .await;
+    committer
+        .send_sync(record("b", 0, "commits-next".into()))
+        .await
+        .unwrap();
+    committer.commit_transaction().await.unwrap();
+    // The unchecked one is aborted so the read below can reach the end.
+    producers[4].0.abort_transaction().await.unwrap();
+    let seen: BTreeSet<String> = read(&bootstrap, true)
+        .await
+        .into_values()
+        .flatten()
+        .collect();
+    let want: BTreeSet<String> = ["commits-0", "commits-1", "commits-2", "commits-next"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    assert_eq!(seen, want);
 }

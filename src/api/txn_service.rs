@@ -8,29 +8,31 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, Streaming};
 
 use super::forward::PeerChannels;
 use super::internal_topics::{self, InternalTopic};
 use super::proto::transactions_server::Transactions;
+use super::proto::txn_check_answer;
 use super::proto::txn_markers_client::TxnMarkersClient;
 use super::proto::txn_markers_server::TxnMarkers;
-use super::proto::txn_check_answer;
 use super::proto::{
     AddOffsetsToTxnRequest, AddOffsetsToTxnResponse, AddPartitionsToTxnRequest,
     AddPartitionsToTxnResponse, DescribeTransactionsRequest, DescribeTransactionsResponse,
     EndTxnRequest, EndTxnResponse, FindTxnCoordinatorRequest, FindTxnCoordinatorResponse,
     InitTxnProducerRequest, InitTxnProducerResponse, ListTransactionsRequest,
-    ListTransactionsResponse, TransactionDescription, TxnCheck, TxnCheckAnswer,
-    TxnCheckVerdict, TxnMarker, TxnMarkerResult, TxnTopicPartitions, VerifyTxnPartitionRequest, VerifyTxnPartitionResponse,
-    WriteTxnMarkersRequest, WriteTxnMarkersResponse,
+    ListTransactionsResponse, TransactionDescription, TxnCheck, TxnCheckAnswer, TxnCheckVerdict,
+    TxnMarker, TxnMarkerResult, TxnTopicPartitions, VerifyTxnPartitionRequest,
+    VerifyTxnPartitionResponse, WriteTxnMarkersRequest, WriteTxnMarkersResponse,
 };
 use super::status::{error_status, to_wire};
 use super::timer_service::{bounded, error_of};
 use crate::broker::node::TxnVerifier;
 use crate::broker::txn::coordinator::partition_for;
 use crate::broker::txn::state::{TxnMeta, TxnPartition, TxnState};
-use crate::broker::txn::{MarkerPeers, TxnCoordinator, TxnDescription, TXN_TOPIC};
+use crate::broker::txn::{
+    CheckEvent, CheckVerdict, MarkerPeers, TxnCoordinator, TxnDescription, TXN_TOPIC,
+};
 use crate::broker::{BrokerError, BrokerNode};
 use crate::client::AdminClient;
 use crate::error_code::ErrorCode;
@@ -145,8 +147,14 @@ pub fn describe_wire(d: &TxnDescription, coordinator: BrokerId) -> TransactionDe
 }
 
 fn by_topic(m: &TxnMeta) -> Vec<TxnTopicPartitions> {
+    by_topic_of(m.partitions.iter())
+}
+
+fn by_topic_of<'a>(
+    partitions: impl IntoIterator<Item = &'a TxnPartition>,
+) -> Vec<TxnTopicPartitions> {
     let mut out: Vec<TxnTopicPartitions> = Vec::new();
-    for (topic, p) in &m.partitions {
+    for (topic, p) in partitions {
         match out.last_mut() {
             Some(t) if &t.topic == topic => t.partitions.push(*p),
             _ => out.push(TxnTopicPartitions {
@@ -297,7 +305,128 @@ impl Transactions for TxnService {
             .collect();
         Ok(Response::new(ListTransactionsResponse { transactions }))
     }
+
+    type ChecksStream = CheckStream;
+
+    async fn checks(
+        &self,
+        request: Request<Streaming<TxnCheckAnswer>>,
+    ) -> Result<Response<Self::ChecksStream>, Status> {
+        let mut inbound = request.into_inner();
+        let first = tokio::time::timeout(CHECK_REGISTER_WAIT, inbound.message())
+            .await
+            .map_err(|_| {
+                error_status(
+                    ErrorCode::RequestTimedOut,
+                    format!(
+                        "no TxnCheckRegister within {} s",
+                        CHECK_REGISTER_WAIT.as_secs()
+                    ),
+                    None,
+                )
+            })??;
+        let Some(txn_check_answer::Message::Register(register)) = first.and_then(|m| m.message)
+        else {
+            return Err(error_status(
+                ErrorCode::InvalidRequest,
+                "the first message of a check stream must be a TxnCheckRegister",
+                None,
+            ));
+        };
+        let id = register.transactional_id;
+        let producer_id = register.producer_id;
+        let epoch = epoch_of(register.producer_epoch)?;
+        let (session, mut events) = self
+            .coordinator
+            .register_checker(&id, producer_id, epoch)
+            .await
+            .map_err(status)?;
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<TxnCheck, Status>>(CHECK_QUEUE);
+        let coordinator = self.coordinator.clone();
+        // Answers: each verdict ends (or leaves open) the transaction it names.
+        let reader = {
+            let coordinator = coordinator.clone();
+            let id = id.clone();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                while let Ok(Some(message)) = inbound.message().await {
+                    let Some(txn_check_answer::Message::Outcome(o)) = message.message else {
+                        let _ = tx
+                            .send(Err(error_status(
+                                ErrorCode::InvalidRequest,
+                                "only TxnCheckOutcome may follow the registration",
+                                None,
+                            )))
+                            .await;
+                        return;
+                    };
+                    let verdict = match TxnCheckVerdict::try_from(o.verdict) {
+                        Ok(TxnCheckVerdict::Commit) => CheckVerdict::Commit,
+                        Ok(TxnCheckVerdict::Rollback) => CheckVerdict::Rollback,
+                        _ => CheckVerdict::Unknown,
+                    };
+                    if let Err(e) = coordinator
+                        .answer_check(&id, producer_id, epoch, o.transaction_start_ms, verdict)
+                        .await
+                    {
+                        tracing::debug!(transactional_id = %id, error = %e, "a check verdict was not applied");
+                    }
+                }
+            })
+        };
+        tokio::spawn(async move {
+            loop {
+                let event = tokio::select! {
+                    e = events.recv() => e,
+                    _ = tx.closed() => None,
+                };
+                let Some(event) = event else { break };
+                let message = match event {
+                    CheckEvent::Check {
+                        started_ms,
+                        partitions,
+                        attempt,
+                    } => TxnCheck {
+                        transaction_start_ms: started_ms,
+                        topics: by_topic_of(&partitions),
+                        attempt,
+                        ended_committed: None,
+                    },
+                    CheckEvent::Ended {
+                        started_ms,
+                        committed,
+                    } => TxnCheck {
+                        transaction_start_ms: started_ms,
+                        topics: Vec::new(),
+                        attempt: 0,
+                        ended_committed: Some(committed),
+                    },
+                };
+                if tx.send(Ok(message)).await.is_err() {
+                    break;
+                }
+            }
+            reader.abort();
+            coordinator.unregister_checker(&id, session);
+        });
+        let stream =
+            futures_util::stream::unfold(
+                rx,
+                |mut rx| async move { rx.recv().await.map(|m| (m, rx)) },
+            );
+        Ok(Response::new(Box::pin(stream)))
+    }
 }
+
+/// The stream of checks a producer reads.
+pub type CheckStream =
+    std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<TxnCheck, Status>> + Send>>;
+
+/// How long a check stream may take to register.
+const CHECK_REGISTER_WAIT: Duration = Duration::from_secs(10);
+
+/// Checks queued for one producer's stream.
+const CHECK_QUEUE: usize = 16;
 
 /// Serves `TxnMarkers` on the internal listener.
 pub struct TxnMarkerService {

@@ -59,10 +59,12 @@ use super::fault::{self, FaultTracker, Outcome};
 use super::group_consumer::GroupMetadata;
 use super::groups::GroupsAdmin;
 use super::partitioner::{Partitioner, Partitioning};
-use super::transactions::TxnClient;
+use super::transactions::{CheckVerdict, TransactionCheck, TransactionChecker, TxnClient};
 use crate::api::proto::broker_client::BrokerClient;
+use crate::api::proto::txn_check_answer;
 use crate::api::proto::{
     CommittedOffset, PartitionProduceData, ProduceRequest, ProduceResponse, TopicProduceData,
+    TxnCheckAnswer, TxnCheckOutcome, TxnCheckVerdict,
 };
 use crate::error_code::ErrorCode;
 use crate::record::tag::{check_tag, TAG_HEADER};
@@ -293,6 +295,8 @@ pub struct Producer {
     shared: Arc<Shared>,
     /// The sender task; aborted (with its requests) when the producer is dropped.
     sender: tokio::task::JoinHandle<()>,
+    /// The check-back task of a transactional producer with a checker.
+    checker: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 struct Shared {
@@ -446,7 +450,11 @@ impl Producer {
             config,
         });
         let sender = tokio::spawn(Sender::new(shared.clone()).run());
-        Self { shared, sender }
+        Self {
+            shared,
+            sender,
+            checker: parking_lot::Mutex::new(None),
+        }
     }
 
     /// The partition count of `topic` (like Kafka's `partitionsFor`): fails at once with
@@ -788,10 +796,111 @@ impl Producer {
         Ok(())
     }
 
+    /// Registers `checker` to answer the coordinator's checks of transactions this
+    /// producer leaves open (RocketMQ's transactional message): when one stays open past
+    /// the broker's `transaction_check_interval_ms`, the coordinator asks the checker
+    /// whether the local transaction behind it committed, and commits or aborts it as it
+    /// answers; after `transaction_check_max` checks without either it aborts. So an
+    /// application may write its database row and its messages, and let a crash between
+    /// the two be settled by its own records. The producer keeps a stream open to the
+    /// coordinator (re-opened after failures) until it is dropped. Call after
+    /// `init_transactions`.
+    pub async fn set_transaction_checker(
+        &self,
+        checker: Arc<dyn TransactionChecker>,
+    ) -> Result<(), ClientError> {
+        let txn = self.session()?;
+        check_usable(&*txn.state.lock().await)?;
+        let task = tokio::spawn(check_back(self.shared.clone(), checker));
+        if let Some(old) = self.checker.lock().replace(task) {
+            old.abort();
+        }
+        Ok(())
+    }
+
     /// Whether this producer writes in transactions.
     pub fn is_transactional(&self) -> bool {
         self.shared.txn.is_some()
     }
+}
+
+/// Keeps the check-back stream of a transactional producer open and answers its checks
+/// with `checker`; a transaction the coordinator ends on a verdict is closed locally too.
+async fn check_back(shared: Arc<Shared>, checker: Arc<dyn TransactionChecker>) {
+    let Some(txn) = shared.txn.as_ref() else {
+        return;
+    };
+    loop {
+        let identity = shared
+            .identity
+            .lock()
+            .await
+            .map(|i| (i.producer_id, i.epoch));
+        let Some(identity) = identity else {
+            tokio::time::sleep(CHECK_RECONNECT).await;
+            continue;
+        };
+        let (answers, mut checks) = match txn.client.open_checks(&txn.id, identity).await {
+            Ok(stream) => stream,
+            Err(e) if is_fenced(&e) => {
+                tracing::warn!(transactional_id = %txn.id, error = %e, "the transaction checker stops: the producer is fenced");
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(transactional_id = %txn.id, error = %e, "opening the check stream");
+                tokio::time::sleep(CHECK_RECONNECT).await;
+                continue;
+            }
+        };
+        while let Ok(Some(c)) = checks.message().await {
+            if let Some(committed) = c.ended_committed {
+                tracing::info!(transactional_id = %txn.id, committed, "the coordinator ended the open transaction on a check");
+                let mut state = txn.state.lock().await;
+                state.open = false;
+                state.partitions.clear();
+                state.groups.clear();
+                state.abort_only = None;
+                continue;
+            }
+            let check = TransactionCheck {
+                transactional_id: txn.id.clone(),
+                started_ms: c.transaction_start_ms,
+                partitions: c
+                    .topics
+                    .iter()
+                    .flat_map(|t| t.partitions.iter().map(|p| (t.topic.clone(), *p)))
+                    .collect(),
+                attempt: c.attempt,
+            };
+            let verdict = match checker.check(check).await {
+                CheckVerdict::Commit => TxnCheckVerdict::Commit,
+                CheckVerdict::Rollback => TxnCheckVerdict::Rollback,
+                CheckVerdict::Unknown => TxnCheckVerdict::Unknown,
+            };
+            let answer = TxnCheckAnswer {
+                message: Some(txn_check_answer::Message::Outcome(TxnCheckOutcome {
+                    transaction_start_ms: c.transaction_start_ms,
+                    verdict: verdict as i32,
+                })),
+            };
+            if answers.send(answer).await.is_err() {
+                break;
+            }
+        }
+        tokio::time::sleep(CHECK_RECONNECT).await;
+    }
+}
+
+/// Pause before a check stream is opened again.
+const CHECK_RECONNECT: Duration = Duration::from_secs(1);
+
+fn is_fenced(e: &ClientError) -> bool {
+    matches!(
+        e.code,
+        ErrorCode::ProducerFenced
+            | ErrorCode::InvalidProducerIdMapping
+            | ErrorCode::InvalidProducerEpoch
+    )
 }
 
 /// Fails unless the producer was initialised and is not fenced.
@@ -810,12 +919,7 @@ fn check_usable(state: &TxnLocal) -> Result<(), ClientError> {
 
 /// Remembers an error after which the producer cannot go on (it was fenced).
 fn note_fatal(state: &mut TxnLocal, e: &ClientError) {
-    if matches!(
-        e.code,
-        ErrorCode::ProducerFenced
-            | ErrorCode::InvalidProducerIdMapping
-            | ErrorCode::InvalidProducerEpoch
-    ) {
+    if is_fenced(e) {
         state.fatal = Some(e.clone());
     }
 }
@@ -823,6 +927,9 @@ fn note_fatal(state: &mut TxnLocal, e: &ClientError) {
 impl Drop for Producer {
     fn drop(&mut self) {
         self.sender.abort();
+        if let Some(task) = self.checker.lock().take() {
+            task.abort();
+        }
         self.shared.accumulator.fail_all(&accumulator::closed());
     }
 }

@@ -10,12 +10,55 @@ use super::admin::AdminClient;
 use super::connection::Connection;
 use super::error::ClientError;
 use crate::api::proto::transactions_client::TransactionsClient;
+use crate::api::proto::txn_check_answer;
 use crate::api::proto::{
     AddOffsetsToTxnRequest, AddPartitionsToTxnRequest, DescribeTransactionsRequest, EndTxnRequest,
     FindTxnCoordinatorRequest, InitTxnProducerRequest, ListTransactionsRequest,
-    TransactionDescription, TxnTopicPartitions,
+    TransactionDescription, TxnCheck, TxnCheckAnswer, TxnCheckRegister, TxnTopicPartitions,
 };
 use crate::error_code::ErrorCode;
+
+/// What a producer's checker is asked: did the local transaction behind this open
+/// transaction commit? (RocketMQ's transaction check-back.)
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransactionCheck {
+    /// The transactional id.
+    pub transactional_id: String,
+    /// When the transaction began (ms since the epoch, the coordinator's clock).
+    pub started_ms: i64,
+    /// Its partitions.
+    pub partitions: Vec<(String, u32)>,
+    /// 1 for its first check.
+    pub attempt: u32,
+}
+
+/// A checker's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckVerdict {
+    /// The local transaction committed: commit this one.
+    Commit,
+    /// The local transaction rolled back: abort this one.
+    Rollback,
+    /// Not known yet: ask again later (after `transaction_check_max` such answers the
+    /// coordinator aborts).
+    Unknown,
+}
+
+/// Answers the coordinator's checks of a producer's transactions left open (see
+/// [`super::Producer::set_transaction_checker`]).
+pub trait TransactionChecker: Send + Sync + 'static {
+    /// Looks up the local transaction behind `check`.
+    fn check(
+        &self,
+        check: TransactionCheck,
+    ) -> futures_util::future::BoxFuture<'static, CheckVerdict>;
+}
+
+/// A check-back stream at a coordinator: answers go in, checks come out.
+pub type CheckStream = (
+    tokio::sync::mpsc::Sender<TxnCheckAnswer>,
+    tonic::Streaming<TxnCheck>,
+);
 
 /// How long a retriable transaction call keeps retrying.
 const RETRY_BACKOFF: Duration = Duration::from_millis(100);
@@ -154,6 +197,31 @@ impl TxnClient {
         })
         .await
         .map(|_| ())
+    }
+
+    /// Opens the check-back stream of producer `producer` of `id` at its coordinator.
+    pub async fn open_checks(
+        &self,
+        id: &str,
+        producer: (i64, i16),
+    ) -> Result<CheckStream, ClientError> {
+        let mut client = self.coordinator(id).await?;
+        let (answers, outbound) = tokio::sync::mpsc::channel::<TxnCheckAnswer>(16);
+        answers
+            .send(TxnCheckAnswer {
+                message: Some(txn_check_answer::Message::Register(TxnCheckRegister {
+                    transactional_id: id.to_owned(),
+                    producer_id: producer.0,
+                    producer_epoch: i32::from(producer.1),
+                })),
+            })
+            .await
+            .map_err(|_| ClientError::new(ErrorCode::NetworkException, "check stream closed"))?;
+        let outbound = futures_util::stream::unfold(outbound, |mut rx| async move {
+            rx.recv().await.map(|m| (m, rx))
+        });
+        let checks = client.checks(outbound).await?.into_inner();
+        Ok((answers, checks))
     }
 
     /// Commits (`commit`) or aborts `id`'s open transaction.

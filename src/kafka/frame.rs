@@ -8,16 +8,17 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{
-    AddOffsetsToTxnRequest, AddPartitionsToTxnRequest, DescribeTransactionsRequest,
-    EndTxnRequest, ListTransactionsRequest, TxnOffsetCommitRequest, AlterConfigsRequest, AlterPartitionReassignmentsRequest, ApiKey, ApiVersionsRequest,
-    ConsumerGroupDescribeRequest, ConsumerGroupHeartbeatRequest, CreatePartitionsRequest,
-    CreateTopicsRequest, DeleteGroupsRequest, DeleteRecordsRequest, DeleteTopicsRequest,
-    DescribeClusterRequest, DescribeConfigsRequest, DescribeGroupsRequest, ElectLeadersRequest,
-    FetchRequest, FindCoordinatorRequest, HeartbeatRequest, IncrementalAlterConfigsRequest,
-    InitProducerIdRequest, JoinGroupRequest, LeaveGroupRequest, ListGroupsRequest,
-    ListOffsetsRequest, ListPartitionReassignmentsRequest, MetadataRequest, OffsetCommitRequest,
-    OffsetDeleteRequest, OffsetFetchRequest, OffsetForLeaderEpochRequest, ProduceRequest,
-    RequestHeader, ResponseHeader, SaslHandshakeRequest, SyncGroupRequest,
+    AddOffsetsToTxnRequest, AddPartitionsToTxnRequest, AlterConfigsRequest,
+    AlterPartitionReassignmentsRequest, ApiKey, ApiVersionsRequest, ConsumerGroupDescribeRequest,
+    ConsumerGroupHeartbeatRequest, CreatePartitionsRequest, CreateTopicsRequest,
+    DeleteGroupsRequest, DeleteRecordsRequest, DeleteTopicsRequest, DescribeClusterRequest,
+    DescribeConfigsRequest, DescribeGroupsRequest, DescribeTransactionsRequest,
+    ElectLeadersRequest, EndTxnRequest, FetchRequest, FindCoordinatorRequest, HeartbeatRequest,
+    IncrementalAlterConfigsRequest, InitProducerIdRequest, JoinGroupRequest, LeaveGroupRequest,
+    ListGroupsRequest, ListOffsetsRequest, ListPartitionReassignmentsRequest,
+    ListTransactionsRequest, MetadataRequest, OffsetCommitRequest, OffsetDeleteRequest,
+    OffsetFetchRequest, OffsetForLeaderEpochRequest, ProduceRequest, RequestHeader, ResponseHeader,
+    SaslHandshakeRequest, SyncGroupRequest, TxnOffsetCommitRequest,
 };
 use kafka_protocol::protocol::{Decodable, Encodable};
 

@@ -504,7 +504,12 @@ impl KafkaHandler {
         }
         let answer = |t: &str, p: i32, found: Option<&(i64, String)>| {
             if u32::try_from(p).is_ok_and(|q| unstable.contains(&(t.to_owned(), q))) {
-                return (p, -1, String::new(), ResponseError::UnstableOffsetCommit.code());
+                return (
+                    p,
+                    -1,
+                    String::new(),
+                    ResponseError::UnstableOffsetCommit.code(),
+                );
             }
             match found {
                 Some((o, m)) => (p, *o, m.clone(), 0),

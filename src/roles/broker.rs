@@ -208,6 +208,8 @@ impl BrokerRuntime {
                 timeout_max_ms: config.transaction_max_timeout_ms,
                 timeout_default_ms: config.transaction_max_timeout_ms.min(60_000),
                 id_expiration: Duration::from_millis(config.transactional_id_expiration_ms),
+                check_interval: Duration::from_millis(config.transaction_check_interval_ms),
+                check_max: config.transaction_check_max,
                 ..TxnSettings::default()
             },
             Arc::new(MarkerPeerClient::new(node.clone(), secret.clone())),

@@ -1179,7 +1179,10 @@ impl GroupCoordinator {
     }
 
     /// The partitions of `group` with offsets pending in open transactions.
-    pub async fn unstable_offsets(&self, group: &str) -> Result<BTreeSet<TopicPartition>, BrokerError> {
+    pub async fn unstable_offsets(
+        &self,
+        group: &str,
+    ) -> Result<BTreeSet<TopicPartition>, BrokerError> {
         let mut inner = self.inner.lock().await;
         self.own(&mut inner, group).await?;
         Ok(inner.groups.get(group).map_or_else(BTreeSet::new, |g| {

@@ -694,7 +694,11 @@ impl TxnCoordinator {
                 events,
             },
         );
-        tracing::debug!(transactional_id = id, producer_id, "transaction checker registered");
+        tracing::debug!(
+            transactional_id = id,
+            producer_id,
+            "transaction checker registered"
+        );
         Ok((session, receiver))
     }
 
@@ -721,8 +725,15 @@ impl TxnCoordinator {
             CheckVerdict::Rollback => false,
             CheckVerdict::Unknown => return Ok(()),
         };
-        self.end_checked(id, producer_id, producer_epoch, started_ms, commit, "the producer's verdict")
-            .await
+        self.end_checked(
+            id,
+            producer_id,
+            producer_epoch,
+            started_ms,
+            commit,
+            "the producer's verdict",
+        )
+        .await
     }
 
     /// Ends a checked transaction if it is still the open one, then tells the checker.
@@ -758,13 +769,15 @@ impl TxnCoordinator {
                 Ok(()) => break,
             }
         }
-        tracing::info!(transactional_id = id, producer_id, commit, why, "a checked transaction ended");
+        tracing::info!(
+            transactional_id = id,
+            producer_id,
+            commit,
+            why,
+            "a checked transaction ended"
+        );
         self.checks.lock().remove(id);
-        let checker = self
-            .checkers
-            .lock()
-            .get(id)
-            .map(|c| c.events.clone());
+        let checker = self.checkers.lock().get(id).map(|c| c.events.clone());
         if let Some(events) = checker {
             let _ = events.try_send(CheckEvent::Ended {
                 started_ms,
@@ -783,9 +796,10 @@ impl TxnCoordinator {
             let mut checkers = self.checkers.lock();
             // A checker of an older epoch or producer was fenced: end its stream.
             checkers.retain(|id, c| {
-                inner.txns.get(id).is_none_or(|m| {
-                    m.producer_id == c.producer_id && m.producer_epoch == c.epoch
-                })
+                inner
+                    .txns
+                    .get(id)
+                    .is_none_or(|m| m.producer_id == c.producer_id && m.producer_epoch == c.epoch)
             });
             inner
                 .txns
@@ -821,7 +835,14 @@ impl TxnCoordinator {
             if sent >= self.settings.check_max {
                 let why = format!("{sent} checks without a verdict");
                 if let Err(e) = self
-                    .end_checked(&id, m.producer_id, m.producer_epoch, m.started_ms, false, &why)
+                    .end_checked(
+                        &id,
+                        m.producer_id,
+                        m.producer_epoch,
+                        m.started_ms,
+                        false,
+                        &why,
+                    )
                     .await
                 {
                     tracing::debug!(transactional_id = %id, error = %e, "aborting an unanswered transaction");
