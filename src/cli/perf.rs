@@ -88,6 +88,12 @@ enum PerfCommand {
         #[arg(long, value_name = "MS", default_value_t = 0, requires = "delay_ms_max",
               value_parser = clap::value_parser!(u64).range(0..=DELAY_MS_MAX))]
         delay_ms_min: u64,
+        /// Produce in transactions of this many records each (a transactional producer,
+        /// acks=all), committing each; the summary adds the commit latency (from a
+        /// transaction's first send to its commit's acknowledgement).
+        #[arg(long, value_name = "N", conflicts_with = "delay_ms_max",
+              value_parser = clap::value_parser!(u64).range(1..))]
+        transaction_records: Option<u64>,
     },
     /// Consume records from the beginning and measure throughput; stops after
     /// --num-records, or when every partition read is at its end.
@@ -119,6 +125,10 @@ enum PerfCommand {
         /// for end-to-end latency). Still stops on --idle-ms or the request timeout.
         #[arg(long)]
         follow: bool,
+        /// read_uncommitted (every record) or read_committed (committed transactions only,
+        /// up to the last stable offset).
+        #[arg(long, value_parser = ["read_committed", "read_uncommitted"], default_value = "read_uncommitted")]
+        isolation: String,
     },
 }
 
@@ -140,6 +150,7 @@ pub fn run(args: &PerfArgs) -> Result<(), CliError> {
             tag_run,
             delay_ms_max,
             delay_ms_min,
+            transaction_records,
         } => {
             let compression = Compression::from_name(compression).ok_or_else(|| {
                 CliError::new(
@@ -149,12 +160,21 @@ pub fn run(args: &PerfArgs) -> Result<(), CliError> {
                     ),
                 )
             })?;
+            let acks = parse_acks(acks)?;
+            if transaction_records.is_some() && acks != -1 {
+                return Err(CliError::new(
+                    "INVALID_REQUEST",
+                    "--transaction-records needs --acks all",
+                ));
+            }
             let config = ProducerConfig {
-                acks: parse_acks(acks)?,
+                acks,
                 batch_size: *batch_size,
                 linger: Duration::from_millis(*linger_ms),
                 max_in_flight: 64,
                 compression,
+                transactional_id: transaction_records
+                    .map(|_| format!("tidelog-perf-{}-{}", std::process::id(), now_ms())),
                 ..Default::default()
             };
             if let Some(max) = delay_ms_max {
@@ -175,6 +195,7 @@ pub fn run(args: &PerfArgs) -> Result<(), CliError> {
                 *num_records,
                 *record_size,
                 (*throughput, (*tags, (*tag_run).max(1))),
+                *transaction_records,
                 output,
             ))?
         }
@@ -187,6 +208,7 @@ pub fn run(args: &PerfArgs) -> Result<(), CliError> {
             filter_sql,
             push,
             follow,
+            isolation,
         } => {
             let filter = match (filter_tag, filter_sql) {
                 (Some(t), _) => Some(ConsumerFilter::Tag(t.clone())),
@@ -202,6 +224,7 @@ pub fn run(args: &PerfArgs) -> Result<(), CliError> {
                 topic,
                 (*num_records, idle_ms.map(Duration::from_millis), *follow),
                 (group.clone(), filter, *push),
+                isolation == "read_committed",
                 output,
             ))?
         }
@@ -280,9 +303,16 @@ async fn produce(
     num_records: u64,
     record_size: usize,
     (throughput, (tags, tag_run)): (i64, (u64, u64)),
+    transaction_records: Option<u64>,
     output: OutputFormat,
 ) -> Result<(), CliError> {
     let producer = Producer::new(bootstrap, config);
+    if transaction_records.is_some() {
+        producer.init_transactions().await?;
+    }
+    // Per transaction: its first send, for the commit latency.
+    let mut txn_started: Option<Instant> = None;
+    let mut commits_us: Vec<u32> = Vec::new();
     let tag_names: Vec<String> = (0..tags).map(|t| format!("T{t}")).collect();
     // A bad topic fails here, with its own code, before anything is measured.
     producer.partitions_for(topic).await?;
@@ -314,6 +344,10 @@ async fn produce(
             }
         }
         let sent = Instant::now();
+        if transaction_records.is_some() && txn_started.is_none() {
+            producer.begin_transaction().await?;
+            txn_started = Some(sent);
+        }
         let ack = producer
             .send(ProducerRecord {
                 topic: topic.to_owned(),
@@ -337,6 +371,15 @@ async fn produce(
                 tally.settle(i, sent, f);
             }
         }
+        if let Some(n) = transaction_records {
+            if (i + 1).is_multiple_of(n) || i + 1 == num_records {
+                producer.commit_transaction().await?;
+                if let Some(started) = txn_started.take() {
+                    let us = started.elapsed().as_micros();
+                    commits_us.push(u32::try_from(us).unwrap_or(u32::MAX));
+                }
+            }
+        }
         if i.is_multiple_of(1024) && last_report.elapsed() >= Duration::from_secs(1) {
             let rate = (tally.acked - acked_at_report) as f64 / last_report.elapsed().as_secs_f64();
             progress.force(&format!(
@@ -356,6 +399,27 @@ async fn produce(
     let secs = start.elapsed().as_secs_f64();
     let cpu = cpu_seconds() - cpu_start;
     progress.finish();
+    if transaction_records.is_some() {
+        commits_us.sort_unstable();
+        let commits = json!({
+            "transactions": commits_us.len(),
+            "commit_latency_ms": {
+                "p50": percentile(&commits_us, 0.50),
+                "p99": percentile(&commits_us, 0.99),
+                "max": percentile(&commits_us, 1.0),
+            },
+        });
+        match output {
+            OutputFormat::Json => println!("{commits}"),
+            OutputFormat::Table => println!(
+                "{} transactions committed; commit latency {:.2} ms 50th, {:.2} ms 99th, {:.2} ms max.",
+                commits_us.len(),
+                percentile(&commits_us, 0.50),
+                percentile(&commits_us, 0.99),
+                percentile(&commits_us, 1.0),
+            ),
+        }
+    }
     report_produce(tally, secs, cpu, record_size, output)
 }
 
@@ -587,10 +651,13 @@ async fn consume(
     topic: &str,
     (num_records, idle, follow): (u64, Option<Duration>, bool),
     (group, filter, push): (Option<String>, Option<ConsumerFilter>, bool),
+    read_committed: bool,
     output: OutputFormat,
 ) -> Result<(), CliError> {
-    // Offsets are looked up with a plain consumer in both modes.
-    let lookup = Consumer::new(bootstrap.clone(), timeout);
+    // Offsets are looked up with a plain consumer in both modes (read committed: the
+    // ends are the last stable offsets).
+    let mut lookup = Consumer::new(bootstrap.clone(), timeout);
+    lookup.set_read_committed(read_committed);
     let partitions = lookup.partition_count(topic).await?;
     let mut ends = end_offsets(&lookup, topic, partitions).await?;
     // Next offset to read per partition; for a group member, from the group's committed
@@ -629,8 +696,14 @@ async fn consume(
         }
     };
     match &mut source {
-        PerfSource::Assigned(c) => c.set_filter(filter)?,
-        PerfSource::Group(g) => g.set_filter(filter)?,
+        PerfSource::Assigned(c) => {
+            c.set_filter(filter)?;
+            c.set_read_committed(read_committed);
+        }
+        PerfSource::Group(g) => {
+            g.set_filter(filter)?;
+            g.set_read_committed(read_committed);
+        }
     }
     if push {
         match &mut source {
