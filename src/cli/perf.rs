@@ -194,8 +194,11 @@ pub fn run(args: &PerfArgs) -> Result<(), CliError> {
                 topic,
                 *num_records,
                 *record_size,
-                (*throughput, (*tags, (*tag_run).max(1))),
-                *transaction_records,
+                (
+                    *throughput,
+                    (*tags, (*tag_run).max(1)),
+                    *transaction_records,
+                ),
                 output,
             ))?
         }
@@ -302,8 +305,7 @@ async fn produce(
     topic: &str,
     num_records: u64,
     record_size: usize,
-    (throughput, (tags, tag_run)): (i64, (u64, u64)),
-    transaction_records: Option<u64>,
+    (throughput, (tags, tag_run), transaction_records): (i64, (u64, u64), Option<u64>),
     output: OutputFormat,
 ) -> Result<(), CliError> {
     let producer = Producer::new(bootstrap, config);
