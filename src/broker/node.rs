@@ -12,6 +12,7 @@ use super::producer_ids::ProducerIdBlocks;
 use crate::controller::model::BrokerState;
 use crate::error_code::ErrorCode;
 use crate::filter::RecordFilter;
+use crate::partition::producer_state::TxnGuard;
 use crate::partition::{FetchData, Isolation, LogError, ReadOptions};
 use crate::record::control::ControlMarker;
 use crate::replication::isr_queue::IsrChangeQueue;
@@ -452,7 +453,8 @@ impl BrokerNode {
         self.wait_for_write_permission(topic, partition, timeout)
             .await?;
         let (local, epoch) = self.leader_partition(topic, partition)?;
-        self.verify_transactional(&local, topic, partition, &batches, transactional_id)
+        let guards = self
+            .verify_transactional(&local, topic, partition, &batches, transactional_id)
             .await?;
         let min_isr = local.log.min_insync_replicas() as usize;
         if acks == Acks::All {
@@ -467,24 +469,25 @@ impl BrokerNode {
         // A page-cache write on this task: a hand-off to the blocking pool per produce
         // cost more than the write itself. Only an fsync the flush policy asks for goes
         // to a blocking thread.
-        let (info, durable_target) = match local.append_as_leader_deferred(&mut batches, epoch) {
-            // Scheduling headers: validation refused the batches before writing anything;
-            // the timers take them.
-            Err(e) if e.code == ErrorCode::InvalidDelay => {
-                let Some(scheduler) = self.scheduler.get() else {
-                    return Err(e.into());
-                };
-                let ids = scheduler
-                    .schedule_batches(topic.to_owned(), partition, batches)
-                    .await?;
-                return Ok(Produced {
-                    base_offset: None,
-                    log_start_offset: local.log.log_start_offset(),
-                    scheduled_ids: ids,
-                });
-            }
-            r => r?,
-        };
+        let (info, durable_target) =
+            match local.append_as_leader_guarded(&mut batches, epoch, &guards) {
+                // Scheduling headers: validation refused the batches before writing anything;
+                // the timers take them.
+                Err(e) if e.code == ErrorCode::InvalidDelay => {
+                    let Some(scheduler) = self.scheduler.get() else {
+                        return Err(e.into());
+                    };
+                    let ids = scheduler
+                        .schedule_batches(topic.to_owned(), partition, batches)
+                        .await?;
+                    return Ok(Produced {
+                        base_offset: None,
+                        log_start_offset: local.log.log_start_offset(),
+                        scheduled_ids: ids,
+                    });
+                }
+                r => r?,
+            };
         if !info.duplicate {
             let counters = self.traffic.of(topic, partition);
             counters.records_in.increment(info.record_count);
@@ -511,7 +514,10 @@ impl BrokerNode {
         })
     }
 
-    /// Checks the transactional batches of a produce (see [`BrokerNode::produce_as`]).
+    /// Checks the transactional batches of a produce (see [`BrokerNode::produce_as`]);
+    /// returns the guards the append checks, so that a marker written while the
+    /// coordinator was asked makes the append fail rather than open a transaction that
+    /// nobody ends.
     async fn verify_transactional(
         &self,
         local: &LocalPartition,
@@ -519,7 +525,7 @@ impl BrokerNode {
         partition: u32,
         batches: &[u8],
         transactional_id: Option<&str>,
-    ) -> Result<(), BrokerError> {
+    ) -> Result<Vec<TxnGuard>, BrokerError> {
         let mut producers: Vec<(i64, i16)> = crate::record::BatchIter::new(batches)
             .filter_map(Result::ok)
             .map(|b| *b.header())
@@ -528,8 +534,12 @@ impl BrokerNode {
             .collect();
         producers.dedup();
         if producers.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
+        let guards: Vec<TxnGuard> = producers
+            .iter()
+            .map(|(producer_id, _)| local.log.txn_guard(*producer_id))
+            .collect();
         let Some(id) = transactional_id.filter(|id| !id.is_empty()) else {
             return Err(BrokerError::new(
                 ErrorCode::InvalidRecord,
@@ -556,7 +566,7 @@ impl BrokerNode {
                 )
                 .await?;
         }
-        Ok(())
+        Ok(guards)
     }
 
     /// Appends the marker ending `producer_id`'s transaction to a partition this broker

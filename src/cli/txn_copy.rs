@@ -98,10 +98,17 @@ pub async fn copy(
             }
             Err(e) if is_fatal(&e) => return Err(e.into()),
             Err(e) => {
-                // The transaction is aborted: read its records again.
+                // Abort it and read its records again. When even the abort fails, the
+                // outcome is unknown (a commit may have gone through): stop, and a
+                // restart resumes from the group's committed offsets.
                 tracing::warn!(error = %e, "a copy transaction failed; aborting and re-reading");
                 totals.aborted += 1;
-                let _ = producer.abort_transaction().await;
+                if let Err(abort) = producer.abort_transaction().await {
+                    return Err(CliError::new(
+                        abort.code.as_str(),
+                        format!("a copy transaction failed ({e}) and could not be aborted ({}); restart the copier to resume from the committed offsets", abort.message),
+                    ));
+                }
                 for (topic, partition, offset) in first {
                     consumer
                         .seek(&topic, partition, StartAt::Offset(offset))

@@ -333,6 +333,8 @@ struct TxnLocal {
     groups: std::collections::HashSet<String>,
     /// Why the open transaction can only be aborted (a step of it failed).
     abort_only: Option<String>,
+    /// Counts the transactions begun (names the local transaction a check was about).
+    seq: u64,
     /// Failed batches counted when the transaction began.
     failed_at_begin: u64,
     /// Fenced (a newer instance) or otherwise unusable: every call fails with this.
@@ -637,6 +639,7 @@ impl Producer {
             ));
         }
         state.open = true;
+        state.seq += 1;
         state.partitions.clear();
         state.groups.clear();
         state.abort_only = None;
@@ -830,6 +833,9 @@ async fn check_back(shared: Arc<Shared>, checker: Arc<dyn TransactionChecker>) {
     let Some(txn) = shared.txn.as_ref() else {
         return;
     };
+    // Which local transaction each checked one was (by its start): an "ended" notice
+    // closes the local transaction only if it is still that one.
+    let mut checked: std::collections::VecDeque<(i64, u64)> = std::collections::VecDeque::new();
     loop {
         let identity = shared
             .identity
@@ -854,13 +860,32 @@ async fn check_back(shared: Arc<Shared>, checker: Arc<dyn TransactionChecker>) {
         };
         while let Ok(Some(c)) = checks.message().await {
             if let Some(committed) = c.ended_committed {
-                tracing::info!(transactional_id = %txn.id, committed, "the coordinator ended the open transaction on a check");
                 let mut state = txn.state.lock().await;
-                state.open = false;
-                state.partitions.clear();
-                state.groups.clear();
-                state.abort_only = None;
+                let was = checked
+                    .iter()
+                    .find(|(started, _)| *started == c.transaction_start_ms)
+                    .map(|(_, seq)| *seq);
+                if state.open && was == Some(state.seq) {
+                    tracing::info!(transactional_id = %txn.id, committed, "the coordinator ended the open transaction on a check");
+                    state.open = false;
+                    state.partitions.clear();
+                    state.groups.clear();
+                    state.abort_only = None;
+                }
                 continue;
+            }
+            {
+                let state = txn.state.lock().await;
+                if state.open
+                    && !checked
+                        .iter()
+                        .any(|(started, _)| *started == c.transaction_start_ms)
+                {
+                    checked.push_back((c.transaction_start_ms, state.seq));
+                    if checked.len() > 64 {
+                        checked.pop_front();
+                    }
+                }
             }
             let check = TransactionCheck {
                 transactional_id: txn.id.clone(),

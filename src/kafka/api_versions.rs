@@ -102,14 +102,14 @@ mod tests {
     }
 
     #[test]
-    fn transaction_apis_are_not_advertised() {
-        for k in [
-            ApiKey::AddPartitionsToTxn,
-            ApiKey::AddOffsetsToTxn,
-            ApiKey::EndTxn,
-            ApiKey::TxnOffsetCommit,
-        ] {
-            assert!(advertised(k).is_none(), "{k:?}");
+    fn transaction_apis_are_advertised_up_to_the_client_versions() {
+        // v4+ of these two are KIP-890's broker-side forms: clients use v3.
+        assert_eq!(advertised(ApiKey::AddPartitionsToTxn), Some((0, 3)));
+        assert_eq!(advertised(ApiKey::EndTxn), Some((0, 3)));
+        for k in [ApiKey::AddOffsetsToTxn, ApiKey::TxnOffsetCommit] {
+            assert!(advertised(k).is_some(), "{k:?}");
         }
+        // Broker-to-broker only: never from clients.
+        assert!(advertised(ApiKey::WriteTxnMarkers).is_none());
     }
 }

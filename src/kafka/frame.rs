@@ -326,11 +326,12 @@ mod tests {
             parse_request(Bytes::from_static(&[0, 3, 0])).unwrap_err(),
             FrameError::TooShort(3)
         );
-        // EndTxn (26) is a real Kafka API this listener does not serve yet.
-        let frame = Bytes::from_static(&[0, 26, 0, 2, 0, 0, 0, 1, 0, 0]);
+        // WriteTxnMarkers (27) is a real Kafka API this listener does not serve (it is
+        // broker-to-broker).
+        let frame = Bytes::from_static(&[0, 27, 0, 1, 0, 0, 0, 1, 0, 0]);
         assert_eq!(
             parse_request(frame).unwrap_err(),
-            FrameError::UnknownApi(26)
+            FrameError::UnknownApi(27)
         );
         let frame = Bytes::from_static(&[0x7f, 0x7f, 0, 0, 0, 0, 0, 1]);
         assert!(matches!(

@@ -480,21 +480,17 @@ impl KafkaHandler {
         topics: Option<Vec<(String, Vec<i32>)>>,
         require_stable: bool,
     ) -> Result<Vec<(String, Vec<FetchedOffset>)>, i16> {
-        let coordinator = self.groups.coordinator();
-        let committed = coordinator
-            .fetch_offsets(group, "", &BTreeSet::new(), false)
+        let (committed, mut unstable) = self
+            .groups
+            .coordinator()
+            .offsets_and_unstable(group)
             .await
             .map_err(|e| group_code(group, &e))?;
         // KIP-447: a partition with an offset pending in an open transaction answers
         // UNSTABLE_OFFSET_COMMIT, and the client asks again.
-        let unstable = if require_stable {
-            coordinator
-                .unstable_offsets(group)
-                .await
-                .map_err(|e| group_code(group, &e))?
-        } else {
-            BTreeSet::new()
-        };
+        if !require_stable {
+            unstable.clear();
+        }
         let mut by_topic: BTreeMap<String, BTreeMap<i32, (i64, String)>> = BTreeMap::new();
         for (k, v) in committed {
             by_topic

@@ -244,6 +244,11 @@ impl KafkaHandler {
                 Err(e) => {
                     tracing::debug!(group, error = %e, "Kafka TxnOffsetCommit refused");
                     match e.code {
+                        // A member that lost its partitions or generation: Kafka's
+                        // clients abort the transaction (CommitFailedException).
+                        ErrorCode::FencedMemberEpoch
+                        | ErrorCode::RebalanceInProgress
+                        | ErrorCode::IllegalGeneration => ResponseError::IllegalGeneration.code(),
                         ErrorCode::InvalidProducerEpoch
                         | ErrorCode::ProducerFenced
                         | ErrorCode::InvalidTxnState

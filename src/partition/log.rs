@@ -20,7 +20,9 @@ use super::damage::{DamageKind, DamagedRange};
 use super::epoch_cache::LeaderEpochCache;
 use super::group_commit::GroupCommit;
 use super::loader::{self, segment_config, DirLock, OffsetsCheckpoint, CLEAN_SHUTDOWN_FILE};
-use super::producer_state::{self, AbortedTxn, ProducerBatch, ProducerStateTable, SequenceCheck};
+use super::producer_state::{
+    self, AbortedTxn, ProducerBatch, ProducerStateTable, SequenceCheck, TxnGuard,
+};
 use super::retention::{segments_to_delete, SegmentSummary};
 use super::txn_index::AbortedIndex;
 use crate::record::control::{decode_marker, marker_batch, ControlMarker};
@@ -753,6 +755,23 @@ impl PartitionLog {
         batches: &mut [u8],
         leader_epoch: LeaderEpoch,
     ) -> Result<(AppendInfo, Option<u64>), LogError> {
+        self.append_as_leader_guarded(batches, leader_epoch, &[])
+    }
+
+    /// A guard for a transactional write of `producer_id` that is about to be verified
+    /// with the coordinator (see [`PartitionLog::append_as_leader_guarded`]).
+    pub fn txn_guard(&self, producer_id: i64) -> TxnGuard {
+        self.state.read().producers.txn_guard(producer_id)
+    }
+
+    /// [`PartitionLog::append_as_leader_deferred`] refusing the write (INVALID_TXN_STATE)
+    /// when a marker ended a guarded producer's transaction after its guard was taken.
+    pub fn append_as_leader_guarded(
+        &self,
+        batches: &mut [u8],
+        leader_epoch: LeaderEpoch,
+        guards: &[TxnGuard],
+    ) -> Result<(AppendInfo, Option<u64>), LogError> {
         let max_message_bytes = self.state.read().config.max_message_bytes;
         // CPU-heavy checks (CRC, decompression) before taking the write lock.
         let validated = validate_batches(batches, max_message_bytes, true)?;
@@ -775,6 +794,9 @@ impl PartitionLog {
         }
         let mut state = self.write_state();
         self.check_online(&state)?;
+        for guard in guards {
+            state.producers.check_guard(guard)?;
+        }
         if let Some(duplicate) = Self::check_sequences(&state, metas)? {
             // A retry is acknowledged like the original: on disk first under sync mode.
             let sync = state.config.flush_mode == FlushMode::Sync;

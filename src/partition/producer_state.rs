@@ -66,6 +66,10 @@ pub struct ProducerEntry {
     /// Epoch of the coordinator that wrote its last marker (-1: none).
     #[serde(default = "no_coordinator_epoch")]
     pub coordinator_epoch: i32,
+    /// Markers written for it here (a transactional write verified with the coordinator
+    /// is refused if one came in while it was being verified).
+    #[serde(default)]
+    pub markers: u64,
 }
 
 fn no_coordinator_epoch() -> i32 {
@@ -81,6 +85,15 @@ pub struct FinishedTxn {
     pub marker_offset: u64,
     /// Committed (true) or aborted.
     pub committed: bool,
+}
+
+/// What [`ProducerStateTable::txn_guard`] took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TxnGuard {
+    /// The producer.
+    pub producer_id: i64,
+    /// Markers written for it when the guard was taken.
+    pub markers: u64,
 }
 
 /// An aborted transaction, as the aborted-transaction index keeps it (Kafka's
@@ -279,6 +292,7 @@ impl ProducerStateTable {
                 txn_first_offset: None,
                 last_txn: None,
                 coordinator_epoch: -1,
+                markers: 0,
             })
     }
 
@@ -338,6 +352,7 @@ impl ProducerStateTable {
             entry.batches.clear();
         }
         entry.coordinator_epoch = entry.coordinator_epoch.max(marker.coordinator_epoch);
+        entry.markers += 1;
         let first = entry.txn_first_offset.take()?;
         entry.last_txn = Some(FinishedTxn {
             first_offset: first,
@@ -353,6 +368,32 @@ impl ProducerStateTable {
                 .first_unstable_offset()
                 .map_or(offset + 1, |o| o.min(offset + 1)),
         })
+    }
+
+    /// A guard for a transactional write of `producer_id` about to be verified with its
+    /// coordinator: the markers written for it so far.
+    pub fn txn_guard(&self, producer_id: i64) -> TxnGuard {
+        TxnGuard {
+            producer_id,
+            markers: self.producers.get(&producer_id).map_or(0, |e| e.markers),
+        }
+    }
+
+    /// Refuses a guarded write when a marker ended the producer's transaction since the
+    /// guard was taken and no transaction of it is open now: the coordinator's answer is
+    /// stale, and the write would open a transaction that nobody ends (KIP-890's
+    /// verification guard).
+    pub fn check_guard(&self, guard: &TxnGuard) -> Result<(), SequenceError> {
+        let Some(entry) = self.producers.get(&guard.producer_id) else {
+            return Ok(());
+        };
+        if entry.txn_first_offset.is_none() && entry.markers != guard.markers {
+            return Err(SequenceError::InvalidTxnState {
+                producer_id: guard.producer_id,
+                reason: "its transaction ended while this write was being verified with the coordinator; nothing was written".into(),
+            });
+        }
+        Ok(())
     }
 
     /// First offset of the earliest open transaction.

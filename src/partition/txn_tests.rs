@@ -408,3 +408,39 @@ fn without_a_snapshot_replay_finds_transactions_opened_in_earlier_segments() {
     log.set_high_watermark(log.log_end_offset());
     assert_eq!((committed_values(&log), log.open_transactions()), expected);
 }
+
+#[test]
+fn a_marker_written_while_a_write_was_verified_refuses_the_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path());
+    // Transaction 1 of producer 7: a batch, then (while a second write is being verified
+    // with the coordinator) its abort marker.
+    append(&log, batch(7, 0, 0, 2, true, "t1"));
+    let guard = log.txn_guard(7);
+    marker(&log, 7, 0, false);
+    let mut late = batch(7, 0, 2, 1, true, "late");
+    let e = log
+        .append_as_leader_guarded(&mut late, E, &[guard])
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            LogError::Sequence(producer_state::SequenceError::InvalidTxnState { .. })
+        ),
+        "{e}"
+    );
+    // Nothing was written and no transaction is open: the LSO is not held.
+    assert!(!log.has_open_transaction(7));
+    assert_eq!(log.last_stable_offset(), log.log_end_offset());
+    // A guard taken after the marker (a new transaction, verified afresh) passes.
+    let guard = log.txn_guard(7);
+    let mut next = batch(7, 0, 2, 1, true, "t2");
+    log.append_as_leader_guarded(&mut next, E, &[guard])
+        .unwrap();
+    assert!(log.has_open_transaction(7));
+    // So does a guard of a producer that had no marker in between.
+    let guard = log.txn_guard(8);
+    let mut other = batch(8, 0, 0, 1, true, "p8");
+    log.append_as_leader_guarded(&mut other, E, &[guard])
+        .unwrap();
+}

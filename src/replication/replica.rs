@@ -420,7 +420,20 @@ impl LocalPartition {
         batches: &mut [u8],
         epoch: LeaderEpoch,
     ) -> Result<(AppendInfo, Option<u64>), ReplicaError> {
-        self.append_leading(epoch, |log| log.append_as_leader_deferred(batches, epoch))
+        self.append_as_leader_guarded(batches, epoch, &[])
+    }
+
+    /// [`Replica::append_as_leader_deferred`] with transaction guards (see
+    /// [`PartitionLog::append_as_leader_guarded`]).
+    pub fn append_as_leader_guarded(
+        &self,
+        batches: &mut [u8],
+        epoch: LeaderEpoch,
+        guards: &[crate::partition::producer_state::TxnGuard],
+    ) -> Result<(AppendInfo, Option<u64>), ReplicaError> {
+        self.append_leading(epoch, |log| {
+            log.append_as_leader_guarded(batches, epoch, guards)
+        })
     }
 
     /// Runs a deferred leader append if this broker leads `epoch`; moves the high

@@ -787,6 +787,7 @@ impl GroupCoordinator {
                     && g.classic.is_empty()
                     && g.classic.generation == 0
                     && g.offsets.is_empty()
+                    && g.pending.is_empty()
                 {
                     inner.groups.remove(group);
                 }
@@ -1178,20 +1179,31 @@ impl GroupCoordinator {
             .map(|_| ())
     }
 
-    /// The partitions of `group` with offsets pending in open transactions.
-    pub async fn unstable_offsets(
+    /// Every committed offset of `group` (instance "") and, read under the same lock,
+    /// the partitions with offsets pending in open transactions (Kafka's OffsetFetch
+    /// answers those UNSTABLE_OFFSET_COMMIT one by one).
+    pub async fn offsets_and_unstable(
         &self,
         group: &str,
-    ) -> Result<BTreeSet<TopicPartition>, BrokerError> {
+    ) -> Result<(Vec<(OffsetKey, OffsetValue)>, BTreeSet<TopicPartition>), BrokerError> {
         let mut inner = self.inner.lock().await;
         self.own(&mut inner, group).await?;
-        Ok(inner.groups.get(group).map_or_else(BTreeSet::new, |g| {
-            g.pending
-                .values()
-                .flat_map(BTreeMap::keys)
-                .map(|k| (k.topic.clone(), k.partition))
-                .collect()
-        }))
+        let Some(g) = inner.groups.get(group) else {
+            return Ok((Vec::new(), BTreeSet::new()));
+        };
+        let offsets = g
+            .offsets
+            .iter()
+            .filter(|(k, _)| k.instance.is_empty())
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let unstable = g
+            .pending
+            .values()
+            .flat_map(BTreeMap::keys)
+            .map(|k| (k.topic.clone(), k.partition))
+            .collect();
+        Ok((offsets, unstable))
     }
 
     /// Committed offsets of `group` (of `instance` for broadcast groups), optionally only

@@ -512,9 +512,31 @@ impl TxnCoordinator {
         producer_epoch: i16,
         commit: bool,
     ) -> Result<(), BrokerError> {
+        self.end_txn_started(id, producer_id, producer_epoch, commit, None)
+            .await
+    }
+
+    /// [`TxnCoordinator::end_txn`]; with `started`, only if the open transaction is the
+    /// one that started then (a check's verdict never ends a newer transaction).
+    async fn end_txn_started(
+        &self,
+        id: &str,
+        producer_id: i64,
+        producer_epoch: i16,
+        commit: bool,
+        started: Option<i64>,
+    ) -> Result<(), BrokerError> {
         let (partition, coordinator_epoch) = self.own(id).await?;
         let (busy, current) = self.take(id).await?;
         let current = current.ok_or_else(|| not_found(id))?;
+        if let Some(started) = started {
+            if current.state != TxnState::Ongoing || current.started_ms != started {
+                return Err(error(
+                    ErrorCode::InvalidTxnState,
+                    format!("transactional id '{id}': the transaction that began at {started} ms is no longer open"),
+                ));
+            }
+        }
         let prepare = match state::end(id, &current, producer_id, producer_epoch, commit, now_ms())?
         {
             EndDecision::Done => return Ok(()),
@@ -653,10 +675,25 @@ impl TxnCoordinator {
                         || m.state.is_prepare()
                         || now.saturating_sub(m.updated_ms) < expire_ms)
             });
+            // A transaction whose producer answers checks is ended by the checks (at most
+            // check_max intervals), not by its timeout: the producer is alive.
+            let checked: HashSet<String> = self
+                .checkers
+                .lock()
+                .iter()
+                .filter(|(id, c)| {
+                    inner.txns.get(*id).is_some_and(|m| {
+                        m.producer_id == c.producer_id && m.producer_epoch == c.epoch
+                    })
+                })
+                .map(|(id, _)| id.clone())
+                .collect();
             inner
                 .txns
                 .iter()
-                .filter(|(_, m)| m.state.is_prepare() || state::timed_out(m, now))
+                .filter(|(id, m)| {
+                    m.state.is_prepare() || (state::timed_out(m, now) && !checked.contains(*id))
+                })
                 .map(|(id, m)| (id.clone(), m.clone()))
                 .collect()
         };
@@ -757,7 +794,10 @@ impl TxnCoordinator {
             if !open {
                 return Ok(());
             }
-            match self.end_txn(id, producer_id, producer_epoch, commit).await {
+            match self
+                .end_txn_started(id, producer_id, producer_epoch, commit, Some(started_ms))
+                .await
+            {
                 // Another change of the id is in flight: wait for it, then look again.
                 Err(e)
                     if e.code == ErrorCode::ConcurrentTransactions
@@ -795,20 +835,19 @@ impl TxnCoordinator {
             let inner = self.inner.lock().await;
             let mut checkers = self.checkers.lock();
             // A checker of an older epoch or producer was fenced: end its stream.
+            // Not loaded here any more (the coordinator moved), or forgotten: end its
+            // stream too, so the producer registers at the new coordinator.
             checkers.retain(|id, c| {
                 inner
                     .txns
                     .get(id)
-                    .is_none_or(|m| m.producer_id == c.producer_id && m.producer_epoch == c.epoch)
+                    .is_some_and(|m| m.producer_id == c.producer_id && m.producer_epoch == c.epoch)
             });
             inner
                 .txns
                 .iter()
                 .filter(|(id, m)| {
-                    m.state == TxnState::Ongoing
-                        && m.started_ms >= 0
-                        && !state::timed_out(m, now)
-                        && checkers.contains_key(*id)
+                    m.state == TxnState::Ongoing && m.started_ms >= 0 && checkers.contains_key(*id)
                 })
                 .map(|(id, m)| (id.clone(), m.clone()))
                 .collect()
