@@ -738,6 +738,40 @@ async fn check_back_settles_transactions_their_producers_left_open() {
     }
     // Not asked without a checker: still open (its timeout is minutes away).
     assert_eq!(txns.describe("unchecked").await.unwrap().state, "Ongoing");
+    // Its partition's last stable offset stays at its first record: `topics describe`
+    // shows it, and read-committed ListOffsets answers it for "latest".
+    let (ok, out, err) = cli(&[
+        "topics",
+        "describe",
+        "--topic",
+        "a",
+        "--bootstrap",
+        &bootstrap,
+        "--output",
+        "json",
+    ]);
+    assert!(ok, "{err}");
+    let d: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let p1 = &d["topics"][0]["partitions"][1];
+    let (lso, hw) = (
+        p1["last_stable_offset"].as_i64().unwrap(),
+        p1["high_watermark"].as_i64().unwrap(),
+    );
+    assert!(lso < hw, "{p1}");
+    let mut committed = Consumer::new(vec![bootstrap.clone()], Duration::from_secs(10));
+    committed.set_read_committed(true);
+    assert_eq!(committed.list_offset("a", 1, -1).await.unwrap(), lso);
+    let uncommitted = Consumer::new(vec![bootstrap.clone()], Duration::from_secs(10));
+    assert_eq!(uncommitted.list_offset("a", 1, -1).await.unwrap(), hw);
+    let (ok, out, _) = cli(&[
+        "topics",
+        "describe",
+        "--topic",
+        "a",
+        "--bootstrap",
+        &bootstrap,
+    ]);
+    assert!(ok && out.contains(&format!("LastStable: {lso}")), "{out}");
     assert_eq!(producers[4].1.load(Ordering::SeqCst), 0);
     // "unknown" was asked exactly transaction_check_max times; the silent one at least
     // once (its checker never returned).

@@ -206,6 +206,7 @@ impl Admin for BrokerAdminService {
                         high_watermark: local.log.high_watermark().as_i64(),
                         log_end_offset: local.log.log_end_offset().as_i64(),
                         size_bytes: local.log.size_bytes(),
+                        last_stable_offset: local.log.last_stable_offset().as_i64(),
                     });
                 }
             }

@@ -432,6 +432,10 @@ pub fn print_descriptions(output: OutputFormat, topics: &[TopicDescription]) {
                             "\tLogStart: {}\tHighWatermark: {}\tLogEnd: {}",
                             o.log_start_offset, o.high_watermark, o.log_end_offset
                         ));
+                        // Only when a transaction holds read-committed readers back.
+                        if o.last_stable_offset < o.high_watermark {
+                            line.push_str(&format!("\tLastStable: {}", o.last_stable_offset));
+                        }
                     }
                     println!("{line}");
                 }
@@ -459,6 +463,7 @@ fn description_json(d: &TopicDescription) -> Value {
                 "log_start_offset": o.map(|o| o.log_start_offset),
                 "high_watermark": o.map(|o| o.high_watermark),
                 "log_end_offset": o.map(|o| o.log_end_offset),
+                "last_stable_offset": o.map(|o| o.last_stable_offset),
             })
         })
         .collect();
