@@ -654,14 +654,9 @@ impl Producer {
         topic: &str,
         partition: u32,
     ) -> Result<(), ClientError> {
-        let mut state = txn.state.lock().await;
-        check_usable(&state)?;
-        if !state.open {
-            return Err(ClientError::new(
-                ErrorCode::InvalidTxnState,
-                "no open transaction: call begin_transaction before sending",
-            ));
-        }
+        let mut state = txn
+            .open_state("no open transaction: call begin_transaction before sending")
+            .await?;
         let key = (topic.to_owned(), partition);
         if state.partitions.contains(&key) {
             return Ok(());
@@ -704,14 +699,9 @@ impl Producer {
         member: &GroupMetadata,
     ) -> Result<(), ClientError> {
         let txn = self.session()?;
-        let mut state = txn.state.lock().await;
-        check_usable(&state)?;
-        if !state.open {
-            return Err(ClientError::new(
-                ErrorCode::InvalidTxnState,
-                "no open transaction: call begin_transaction before sending offsets",
-            ));
-        }
+        let mut state = txn
+            .open_state("no open transaction: call begin_transaction before sending offsets")
+            .await?;
         if offsets.is_empty() {
             return Ok(());
         }
@@ -758,14 +748,7 @@ impl Producer {
 
     async fn end_transaction(&self, commit: bool) -> Result<(), ClientError> {
         let txn = self.session()?;
-        let mut state = txn.state.lock().await;
-        check_usable(&state)?;
-        if !state.open {
-            return Err(ClientError::new(
-                ErrorCode::InvalidTxnState,
-                "no open transaction to end",
-            ));
-        }
+        let mut state = txn.open_state("no open transaction to end").await?;
         self.shared.accumulator.flush().await;
         let failed = self.shared.accumulator.failed_batches() - state.failed_at_begin;
         if commit && failed > 0 {
@@ -926,6 +909,22 @@ fn is_fenced(e: &ClientError) -> bool {
             | ErrorCode::InvalidProducerIdMapping
             | ErrorCode::InvalidProducerEpoch
     )
+}
+
+impl TxnSession {
+    /// The local state, locked, when a transaction is open and the producer usable;
+    /// `closed` says what was tried without an open transaction.
+    async fn open_state(
+        &self,
+        closed: &str,
+    ) -> Result<tokio::sync::MutexGuard<'_, TxnLocal>, ClientError> {
+        let state = self.state.lock().await;
+        check_usable(&state)?;
+        if !state.open {
+            return Err(ClientError::new(ErrorCode::InvalidTxnState, closed));
+        }
+        Ok(state)
+    }
 }
 
 /// Fails unless the producer was initialised and is not fenced.

@@ -301,6 +301,14 @@ impl GroupCoordinator {
         &self.settings
     }
 
+    /// The partition count of `__consumer_offsets` (1 before it exists).
+    fn offsets_partition_count(&self) -> u32 {
+        self.node
+            .metadata()
+            .topic(OFFSETS_TOPIC)
+            .map_or(1, |t| t.partitions.len() as u32)
+    }
+
     /// The offsets partition of `group`, from the topic's current partition count.
     pub fn offsets_partition(&self, group: &str) -> Result<u32, BrokerError> {
         let t = self.node.metadata().topic(OFFSETS_TOPIC).ok_or_else(|| {
@@ -363,11 +371,7 @@ impl GroupCoordinator {
             return Ok(());
         }
         // New leadership of this partition: forget what we had, load the commits.
-        let count = self
-            .node
-            .metadata()
-            .topic(OFFSETS_TOPIC)
-            .map_or(1, |t| t.partitions.len() as u32);
+        let count = self.offsets_partition_count();
         inner
             .groups
             .retain(|name, _| offsets::partition_for(name, count) != partition);
@@ -680,11 +684,7 @@ impl GroupCoordinator {
         if lost.is_empty() {
             return;
         }
-        let count = self
-            .node
-            .metadata()
-            .topic(OFFSETS_TOPIC)
-            .map_or(1, |t| t.partitions.len() as u32);
+        let count = self.offsets_partition_count();
         for p in &lost {
             inner.loaded.remove(p);
             tracing::info!(
@@ -1143,11 +1143,7 @@ impl GroupCoordinator {
             // Not loaded here: loading replays the marker.
             return;
         }
-        let count = self
-            .node
-            .metadata()
-            .topic(OFFSETS_TOPIC)
-            .map_or(1, |t| t.partitions.len() as u32);
+        let count = self.offsets_partition_count();
         for (name, g) in inner.groups.iter_mut() {
             if offsets::partition_for(name, count) != partition {
                 continue;
@@ -1344,11 +1340,7 @@ impl GroupCoordinator {
 
     /// The groups this broker coordinates.
     pub async fn list(&self) -> Vec<GroupListing> {
-        let count = self
-            .node
-            .metadata()
-            .topic(OFFSETS_TOPIC)
-            .map_or(1, |t| t.partitions.len() as u32);
+        let count = self.offsets_partition_count();
         // Groups not used since this broker took their partition over are listed too:
         // load every offsets partition it leads (a partition that fails to load is left
         // out, and logged), taking the lock per partition so that heartbeats and commits
@@ -1481,11 +1473,7 @@ impl GroupCoordinator {
     /// (the latest commit per key survives).
     pub async fn compact_offsets(&self) {
         let inner = self.inner.lock().await;
-        let count = self
-            .node
-            .metadata()
-            .topic(OFFSETS_TOPIC)
-            .map_or(1, |t| t.partitions.len() as u32);
+        let count = self.offsets_partition_count();
         let partitions: Vec<(u32, LeaderEpoch)> =
             inner.loaded.iter().map(|(p, e)| (*p, *e)).collect();
         for (partition, epoch) in partitions {
