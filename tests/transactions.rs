@@ -801,3 +801,155 @@ async fn check_back_settles_transactions_their_producers_left_open() {
         .collect();
     assert_eq!(seen, want);
 }
+
+/// Leader of each partition of `topic` (by partition), once every partition has a leader
+/// and `isr` in-sync replicas.
+async fn leaders(admin: &AdminClient, topic: &str, isr: usize) -> Vec<i32> {
+    common::eventually(
+        "every partition led and fully in sync",
+        Duration::from_secs(30),
+        || async move {
+            let d = admin.describe_topics(vec![topic.to_owned()]).await.ok()?;
+            let t = d.topics.first()?.topic.clone()?;
+            t.partitions
+                .iter()
+                .map(|p| p.leader.filter(|_| p.isr.len() == isr))
+                .collect::<Option<Vec<i32>>>()
+        },
+    )
+    .await
+}
+
+/// The failover test. A transaction over the three partitions of a topic
+/// replicated on three brokers is committed while broker B (leading one of them, and not
+/// the coordinator) is paused: the coordinator's broker A makes the decision durable in
+/// `__transaction_state` (PrepareCommit) but cannot write B's marker. A is killed -9 right
+/// then, and B resumed: B's partition is still held back by the open transaction. After
+/// failover, the new coordinator (broker C) completes the commit: every partition gets
+/// its marker, the producer's commit call returns Ok, and a read-committed consumer sees
+/// the transaction whole, between the one before and one the same producer commits after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_decided_before_the_coordinator_dies_completes_after_failover() {
+    let mut c = common::BrokerCluster::start_with(
+        3,
+        &[
+            // Long enough that the paused broker keeps its partitions (their markers are
+            // what the new coordinator must write), short enough for a quick failover.
+            ("TIDELOG_BROKER_SESSION_TIMEOUT_MS", "8000"),
+            // The coordinator's state write waits for the paused follower this long.
+            ("TIDELOG_REPLICA_LAG_TIME_MAX_MS", "1000"),
+            ("TIDELOG_TRANSACTION_STATE_LOG_NUM_PARTITIONS", "3"),
+        ],
+    );
+    let all = c.bootstrap();
+    let admin = AdminClient::new(all.clone(), Duration::from_secs(10));
+    admin
+        .create_topic("d", Some(3), Some(3), Default::default())
+        .await
+        .unwrap();
+    let led_by = leaders(&admin, "d", 3).await;
+    let txns = TxnClient::new(all.clone(), Duration::from_secs(30));
+    txns.init_producer_id("failover", 300_000).await.unwrap();
+    let a = txns.describe("failover").await.unwrap().coordinator_id;
+    let (b_partition, b) = led_by
+        .iter()
+        .enumerate()
+        .map(|(p, l)| (p as u32, *l))
+        .find(|(_, l)| *l != a)
+        .unwrap_or_else(|| panic!("every partition of d is led by the coordinator {a}"));
+    let cc = (1..=3).find(|id| *id != a && *id != b).unwrap();
+    // Bootstrapped without B: a call to a paused broker would wait out its timeout.
+    let producer = Arc::new(Producer::new(
+        vec![c.broker_address(cc), c.broker_address(a)],
+        ProducerConfig {
+            transactional_id: Some("failover".into()),
+            transaction_timeout: Duration::from_secs(300),
+            linger: Duration::from_millis(1),
+            request_timeout: Duration::from_secs(40),
+            ..Default::default()
+        },
+    ));
+    producer.init_transactions().await.unwrap();
+    let write = |txn: u32| {
+        let producer = producer.clone();
+        async move {
+            producer.begin_transaction().await.unwrap();
+            let mut acks = Vec::new();
+            for p in 0..3 {
+                for i in 0..10 {
+                    acks.push(producer.send(record("d", p, format!("t{txn}-{i}"))).await);
+                }
+            }
+            producer.flush().await;
+            for ack in acks {
+                ack.await.unwrap();
+            }
+        }
+    };
+    write(1).await;
+    producer.commit_transaction().await.unwrap();
+    // Transaction 2: every record is on all three replicas; then B pauses and the
+    // commit begins.
+    write(2).await;
+    c.brokers[b as usize - 1]
+        .as_ref()
+        .unwrap()
+        .signal(libc::SIGSTOP);
+    let commit = tokio::spawn({
+        let producer = producer.clone();
+        async move { producer.commit_transaction().await }
+    });
+    let at_a = TxnClient::new(
+        vec![c.broker_address(a), c.broker_address(cc)],
+        Duration::from_secs(5),
+    );
+    common::eventually(
+        "the coordinator decides to commit",
+        Duration::from_secs(30),
+        || async {
+            let d = at_a.describe("failover").await.ok()?;
+            (d.state == "PrepareCommit" && d.coordinator_id == a).then_some(())
+        },
+    )
+    .await;
+    c.brokers[a as usize - 1].as_mut().unwrap().kill9();
+    c.brokers[b as usize - 1]
+        .as_ref()
+        .unwrap()
+        .signal(libc::SIGCONT);
+    // B's partition has no marker yet: its last stable offset is below its high
+    // watermark (the new coordinator cannot take over before A's session expires).
+    let survivors = vec![c.broker_address(cc), c.broker_address(b)];
+    let mut lso_reader = Consumer::new(survivors.clone(), Duration::from_secs(10));
+    lso_reader.set_read_committed(true);
+    let hw_reader = Consumer::new(survivors.clone(), Duration::from_secs(10));
+    let lso = lso_reader.list_offset("d", b_partition, -1).await.unwrap();
+    let hw = hw_reader.list_offset("d", b_partition, -1).await.unwrap();
+    assert!(lso < hw, "d-{b_partition}: LSO {lso}, HW {hw}");
+    // The producer's commit call rides out the failover.
+    tokio::time::timeout(Duration::from_secs(60), commit)
+        .await
+        .expect("commit returns")
+        .unwrap()
+        .unwrap();
+    let after = TxnClient::new(survivors.clone(), Duration::from_secs(10));
+    let d = after.describe("failover").await.unwrap();
+    assert_eq!(d.state, "CompleteCommit", "{d:?}");
+    assert_ne!(d.coordinator_id, a, "{d:?}");
+    write(3).await;
+    producer.commit_transaction().await.unwrap();
+    let expected: Vec<String> = (1..=3)
+        .flat_map(|t| (0..10).map(move |i| format!("t{t}-{i}")))
+        .collect();
+    for committed in [true, false] {
+        let seen = read_topic(&survivors[0], "d", committed).await;
+        for p in 0..3 {
+            let values: Vec<String> = seen
+                .iter()
+                .filter(|(q, _)| *q == p)
+                .map(|(_, v)| v.clone())
+                .collect();
+            assert_eq!(values, expected, "d-{p}, read_committed={committed}");
+        }
+    }
+}
