@@ -953,3 +953,173 @@ async fn a_commit_decided_before_the_coordinator_dies_completes_after_failover()
         }
     }
 }
+
+/// Values per partition that `tidelog consume args...` prints (JSON lines) before it
+/// goes idle.
+fn consume_values(bootstrap: &str, args: &[&str]) -> BTreeMap<u32, Vec<String>> {
+    let mut all = vec![
+        "consume",
+        "--bootstrap",
+        bootstrap,
+        "--topic",
+        "a",
+        "--from-beginning",
+        "--timeout-ms",
+        "3000",
+        "--output",
+        "json",
+    ];
+    all.extend_from_slice(args);
+    let (ok, out, err) = cli(&all);
+    assert!(ok, "{err}");
+    let mut values: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+    for line in out.lines().filter(|l| !l.trim().is_empty()) {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        values
+            .entry(v["partition"].as_u64().unwrap() as u32)
+            .or_default()
+            .push(v["value"].as_str().unwrap().to_owned());
+    }
+    values
+}
+
+/// The group `g` as `groups describe` shows it (JSON), with `extra` flags.
+fn describe_group(bootstrap: &str, g: &str, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec![
+        "groups",
+        "describe",
+        "--bootstrap",
+        bootstrap,
+        "--group",
+        g,
+        "--output",
+        "json",
+    ];
+    args.extend_from_slice(extra);
+    let (ok, out, err) = cli(&args);
+    assert!(ok, "{err}");
+    serde_json::from_str(out.trim()).unwrap()
+}
+
+/// Push consumers read committed too: assigned (`consume --push`) and in a group
+/// (`consume --push --group`), they get the committed records only, never an aborted
+/// transaction's or an open one's, in order; a group whose members read committed has its
+/// lag measured against the last stable offset (0 once it consumed every committed
+/// record while a transaction stays open), and `--isolation read_uncommitted` shows the
+/// lag against the high watermark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn push_consumers_read_committed_and_group_lag_counts_to_the_last_stable_offset() {
+    let (_dir, _server, bootstrap) = server().await;
+    let txn = transactional(&bootstrap, "push-rc", Duration::from_secs(120));
+    txn.init_transactions().await.unwrap();
+    let plain = Producer::new(vec![bootstrap.clone()], ProducerConfig::default());
+    let in_txn = |prefix: &'static str| {
+        let txn = &txn;
+        async move {
+            txn.begin_transaction().await.unwrap();
+            for p in 0..3 {
+                for i in 0..5 {
+                    txn.send(record("a", p, format!("{prefix}{p}-{i}"))).await;
+                }
+            }
+            txn.flush().await;
+        }
+    };
+    in_txn("c").await;
+    txn.commit_transaction().await.unwrap();
+    in_txn("x").await;
+    txn.abort_transaction().await.unwrap();
+    for p in 0..3 {
+        plain
+            .send_sync(record("a", p, format!("plain{p}")))
+            .await
+            .unwrap();
+    }
+    // Left open: it holds back what follows it too.
+    in_txn("o").await;
+    for p in 0..3 {
+        plain
+            .send_sync(record("a", p, format!("late{p}")))
+            .await
+            .unwrap();
+    }
+    let committed: BTreeMap<u32, Vec<String>> = (0..3)
+        .map(|p| {
+            let mut v: Vec<String> = (0..5).map(|i| format!("c{p}-{i}")).collect();
+            v.push(format!("plain{p}"));
+            (p, v)
+        })
+        .collect();
+    let everything = consume_values(&bootstrap, &["--push"]);
+    assert_eq!(everything[&0].len(), 5 + 5 + 1 + 5 + 1, "{everything:?}");
+    let assigned = consume_values(&bootstrap, &["--push", "--isolation", "read_committed"]);
+    assert_eq!(
+        assigned, committed,
+        "consume --push --isolation read_committed"
+    );
+    let grouped = consume_values(
+        &bootstrap,
+        &[
+            "--push",
+            "--group",
+            "rc",
+            "--orderly",
+            "--isolation",
+            "read_committed",
+        ],
+    );
+    assert_eq!(
+        grouped, committed,
+        "consume --push --group --isolation read_committed"
+    );
+    // The group consumed up to the last stable offset: no lag as it reads; the open
+    // transaction and the record behind it are lag to a read-uncommitted reader.
+    let d = describe_group(&bootstrap, "rc", &[]);
+    assert_eq!(d["isolation"], "read_committed", "{d}");
+    for o in d["offsets"].as_array().unwrap() {
+        assert_eq!(o["lag"], 0, "{d}");
+        assert_eq!(o["committed_offset"], o["last_stable_offset"], "{d}");
+        assert_eq!(
+            o["log_end_offset"].as_i64().unwrap() - o["last_stable_offset"].as_i64().unwrap(),
+            6,
+            "{d}"
+        );
+    }
+    let d = describe_group(&bootstrap, "rc", &["--isolation", "read_uncommitted"]);
+    assert_eq!(d["isolation"], "read_uncommitted", "{d}");
+    assert!(
+        d["offsets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|o| o["lag"] == 6),
+        "{d}"
+    );
+    // Once the transaction commits, the group reads on: its records and the one behind.
+    txn.commit_transaction().await.unwrap();
+    let rest = consume_values(
+        &bootstrap,
+        &[
+            "--push",
+            "--group",
+            "rc",
+            "--orderly",
+            "--isolation",
+            "read_committed",
+        ],
+    );
+    for p in 0..3u32 {
+        let mut want: Vec<String> = (0..5).map(|i| format!("o{p}-{i}")).collect();
+        want.push(format!("late{p}"));
+        assert_eq!(rest.get(&p), Some(&want), "{rest:?}");
+    }
+    let d = describe_group(&bootstrap, "rc", &[]);
+    assert!(
+        d["offsets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|o| o["lag"] == 0),
+        "{d}"
+    );
+}

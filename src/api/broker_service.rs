@@ -254,14 +254,17 @@ fn next_fetch_offset(d: &FetchData, from: u64) -> i64 {
     next as i64
 }
 
-/// The aborted transactions of a read as the record decoder takes them.
-pub(crate) fn aborted_ranges(d: &FetchData) -> AbortedRanges {
-    AbortedRanges::new(
-        d.aborted_transactions
-            .iter()
-            .map(|a| (a.producer_id, a.first_offset as i64, a.last_offset as i64))
-            .collect(),
-    )
+/// Whether a request's `isolation` is READ_COMMITTED; INVALID_REQUEST for a value that
+/// is no isolation level.
+pub(crate) fn read_committed_of(what: &str, isolation: i32) -> Result<bool, Status> {
+    match proto::IsolationLevel::try_from(isolation) {
+        Ok(level) => Ok(level == proto::IsolationLevel::ReadCommitted),
+        Err(_) => Err(error_status(
+            ErrorCode::InvalidRequest,
+            format!("{what}: isolation must be READ_UNCOMMITTED (0) or READ_COMMITTED (1), got {isolation}"),
+            None,
+        )),
+    }
 }
 
 /// Decodes the records of `batches` at or after `from`, leaving out `aborted` ones.
@@ -393,7 +396,7 @@ impl Broker for BrokerService {
             r.topics.iter().map(|t| t.partitions.len()).sum(),
         )?;
         let filter = parse_filter(r.filter.as_ref())?;
-        let read_committed = r.isolation == proto::IsolationLevel::ReadCommitted as i32;
+        let read_committed = read_committed_of("fetch request", r.isolation)?;
         let mut targets = Vec::new();
         for t in &r.topics {
             for p in &t.partitions {
@@ -444,7 +447,7 @@ impl Broker for BrokerService {
                 let records = if r.raw_batches {
                     Vec::new()
                 } else {
-                    decode_records(&d.records, target.offset, &aborted_ranges(&d))?
+                    decode_records(&d.records, target.offset, &d.aborted_ranges())?
                 };
                 Ok((d, records))
             }) {
@@ -548,15 +551,14 @@ impl Broker for BrokerService {
             "list-offsets request",
             r.topics.iter().map(|t| t.partitions.len()).sum(),
         )?;
+        let read_committed = read_committed_of("list-offsets request", r.isolation)?;
         let mut topics = Vec::new();
         for t in r.topics {
             let mut partitions = Vec::new();
             for p in t.partitions {
                 let query = match p.timestamp_ms {
                     -2 => OffsetQuery::Earliest,
-                    -1 if r.isolation == proto::IsolationLevel::ReadCommitted as i32 => {
-                        OffsetQuery::LastStable
-                    }
+                    -1 if read_committed => OffsetQuery::LastStable,
                     -1 => OffsetQuery::Latest,
                     -3 => OffsetQuery::MaxTimestamp,
                     ts if ts >= 0 => OffsetQuery::Timestamp(ts),

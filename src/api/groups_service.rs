@@ -187,6 +187,7 @@ impl Groups for GroupsService {
                 session_timeout_ms: r.session_timeout_ms,
                 owned: Some(to_set(&r.owned)),
                 rack: Some(r.rack),
+                read_committed: r.read_committed,
             })
             .await
             .map_err(status)?;
@@ -281,6 +282,12 @@ impl Groups for GroupsService {
     ) -> Result<Response<DescribeGroupResponse>, Status> {
         let group = request.into_inner().group;
         let d = self.coordinator.describe(&group).await.map_err(status)?;
+        let reads_committed: BTreeSet<&str> = d
+            .consumer_members
+            .iter()
+            .filter(|m| m.read_committed)
+            .map(|m| m.id.as_str())
+            .collect();
         Ok(Response::new(DescribeGroupResponse {
             group,
             state: d.state,
@@ -297,6 +304,7 @@ impl Groups for GroupsService {
                 .into_iter()
                 .map(
                     |(member_id, instance_id, client_id, member_epoch, a)| GroupMember {
+                        read_committed: reads_committed.contains(member_id.as_str()),
                         member_id,
                         instance_id,
                         client_id,
@@ -311,6 +319,12 @@ impl Groups for GroupsService {
                 .filter(|(k, _)| k.instance.is_empty())
                 .map(|(k, v)| committed(k, v))
                 .collect(),
+            isolation: if d.read_committed {
+                "read_committed"
+            } else {
+                "read_uncommitted"
+            }
+            .to_owned(),
         }))
     }
 

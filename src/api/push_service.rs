@@ -17,7 +17,9 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, Semaphore};
 use tonic::{Status, Streaming};
 
-use super::broker_service::{decode_records, parse_filter, PARTITIONS_PER_REQUEST_MAX};
+use super::broker_service::{
+    decode_records, parse_filter, read_committed_of, PARTITIONS_PER_REQUEST_MAX,
+};
 use super::proto::{
     subscribe_request, subscribe_response, FetchTopic, PushedPartitionError, PushedRecords,
     SubscribeHeartbeat, SubscribeRequest, SubscribeResponse, SubscribeStart,
@@ -245,6 +247,7 @@ pub async fn subscribe(
     let heartbeat = heartbeat_of(&start)?;
     let positions = positions_of(&start.topics)?;
     let raw = start.raw_batches;
+    let read_committed = read_committed_of("SubscribeStart", start.isolation)?;
     // Taken once the start is valid, so clients slow to open cannot hold the slots.
     let permit = sessions.try_acquire_owned().map_err(|_| {
         error_status(
@@ -253,7 +256,7 @@ pub async fn subscribe(
             None,
         )
     })?;
-    let (mut session, control) = PushSession::new(node, window, filter);
+    let (mut session, control) = PushSession::new(node, window, filter, read_committed);
     control.assign(positions, start.assignment_id);
 
     let (tx, rx) = mpsc::channel::<Result<SubscribeResponse, Status>>(OUTBOUND_QUEUE);

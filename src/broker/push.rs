@@ -337,6 +337,7 @@ impl PushControl {
 pub struct PushSession {
     node: BrokerNode,
     filter: Option<Arc<RecordFilter>>,
+    read_committed: bool,
     control: PushControl,
     /// Bumped per pass: each pass starts at a different partition, so one with a backlog
     /// cannot take the room of every pass.
@@ -347,11 +348,14 @@ pub struct PushSession {
 }
 
 impl PushSession {
-    /// A subscription on `node` with `window`, reading through `filter`.
+    /// A subscription on `node` with `window`, reading through `filter`; with
+    /// `read_committed`, only committed records (up to the last stable offset, without
+    /// aborted transactions and markers).
     pub fn new(
         node: BrokerNode,
         window: PushWindow,
         filter: Option<Arc<RecordFilter>>,
+        read_committed: bool,
     ) -> (Self, PushControl) {
         let control = PushControl {
             state: Arc::new(Mutex::new(State {
@@ -364,6 +368,7 @@ impl PushSession {
         let session = Self {
             node,
             filter,
+            read_committed,
             control: control.clone(),
             rotation: 0,
             bytes_per_record: INITIAL_BYTES_PER_RECORD,
@@ -389,7 +394,7 @@ impl PushSession {
                         max_bytes: usize::MAX,
                         filter: self.filter.clone(),
                         follower_ok: false,
-                        read_committed: false,
+                        read_committed: self.read_committed,
                     };
                     (target, *assignment)
                 })
@@ -470,10 +475,19 @@ impl PushSession {
                     continue;
                 }
             };
-            let filtered_to = data.next_offset.map(|o| o.0);
+            let (records, filtered_to) = if target.read_committed && !data.records.is_empty() {
+                // Aborted transactions and markers are left out, and the position moves
+                // past them as past filtered records.
+                let read_to = next_offset_after(&data.records, target.offset, None);
+                let kept = data.aborted_ranges().strip(&data.records);
+                let filtered_to = data.next_offset.map_or(read_to, |o| o.0.max(read_to));
+                (kept, Some(filtered_to))
+            } else {
+                (data.records.clone(), data.next_offset.map(|o| o.0))
+            };
             let cut = match s.window.room() {
-                Some(room) if !data.records.is_empty() => {
-                    match cut_to_room(&data.records, target.offset, room) {
+                Some(room) if !records.is_empty() => {
+                    match cut_to_room(&records, target.offset, room) {
                         Ok(c) => c,
                         Err(reason) => {
                             s.positions.remove(&key);
@@ -494,7 +508,7 @@ impl PushSession {
                 _ => Cut {
                     batches: Bytes::new(),
                     records: 0,
-                    ends_at: if data.records.is_empty() {
+                    ends_at: if records.is_empty() {
                         None
                     } else {
                         Some(target.offset)
@@ -503,10 +517,10 @@ impl PushSession {
             };
             let next = match cut.ends_at {
                 Some(at) => at,
-                None => next_offset_after(&data.records, target.offset, filtered_to),
+                None => next_offset_after(&records, target.offset, filtered_to),
             };
             if cut.records == 0 && next <= target.offset {
-                held_back |= !data.records.is_empty();
+                held_back |= !records.is_empty();
                 continue;
             }
             s.window.take(cut.records, cut.batches.len() as u64);

@@ -75,3 +75,23 @@ pub fn parse_pairs(
     }
     Ok(out)
 }
+
+/// Kafka's `isolation.level`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum Isolation {
+    /// Everything below the high watermark, open and aborted transactions included.
+    ReadUncommitted,
+    /// Committed transactions only, below the last stable offset.
+    ReadCommitted,
+}
+
+impl Isolation {
+    /// Its name as the CLI and JSON output spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isolation::ReadUncommitted => "read_uncommitted",
+            Isolation::ReadCommitted => "read_committed",
+        }
+    }
+}

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::client_args::{block_on, ClientArgs};
+use super::client_args::{block_on, ClientArgs, Isolation};
 use super::text::{headers_json, headers_table, json_bytes, table_text};
 use super::{CliError, OutputFormat};
 use crate::client::consumer::{Consumer, ConsumerFilter, ConsumerRecord, StartAt};
@@ -125,7 +125,7 @@ pub struct ConsumeArgs {
     /// read_committed: only records of committed transactions (and non-transactional
     /// ones), up to the last stable offset; read_uncommitted (default): everything below
     /// the high watermark.
-    #[arg(long, value_enum, default_value_t = Isolation::ReadUncommitted, conflicts_with = "push")]
+    #[arg(long, value_enum, default_value_t = Isolation::ReadUncommitted)]
     isolation: Isolation,
     /// Receive records pushed by the brokers over Subscribe streams (credit-based flow
     /// control) instead of fetching. With --group, a listener pool handles them (see
@@ -165,16 +165,6 @@ pub struct ConsumeArgs {
     retry_backoff_ms: Option<u64>,
     #[command(flatten)]
     client: ClientArgs,
-}
-
-/// Kafka's `isolation.level`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-#[value(rename_all = "snake_case")]
-enum Isolation {
-    /// Everything below the high watermark, open and aborted transactions included.
-    ReadUncommitted,
-    /// Committed transactions only, below the last stable offset.
-    ReadCommitted,
 }
 
 /// Runs `tidelog consume`.
@@ -311,6 +301,7 @@ fn group_config(args: &ConsumeArgs, group: &str) -> GroupConfig {
             OffsetReset::Latest
         },
         rack: args.rack.clone(),
+        read_committed: args.isolation == Isolation::ReadCommitted,
         ..GroupConfig::default()
     }
 }

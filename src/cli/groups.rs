@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{json, Value};
 
-use super::client_args::{block_on, ClientArgs};
+use super::client_args::{block_on, ClientArgs, Isolation};
 use super::dlq::DlqCommand;
 use super::progress::Progress;
 use super::{CliError, OutputFormat};
@@ -27,11 +27,17 @@ pub struct GroupsArgs {
 enum GroupsCommand {
     /// List groups.
     List,
-    /// Members, assignments, committed offsets and lag of a group.
+    /// Members, assignments, committed offsets and lag of a group. Lag is measured
+    /// against the last stable offset when the group reads committed records (its members
+    /// said so, or --isolation read_committed), else against the high watermark.
     Describe {
         /// The group.
         #[arg(long)]
         group: String,
+        /// Measure lag as a consumer of this isolation level would see it (default: as
+        /// the group's members declared; Kafka clients do not declare it).
+        #[arg(long, value_enum)]
+        isolation: Option<Isolation>,
     },
     /// Plan new committed offsets for a group and, with --execute, set them (only while
     /// the group has no members). Prints the plan: group, topic, partition, current and
@@ -112,14 +118,20 @@ pub fn run(args: &GroupsArgs) -> Result<(), CliError> {
                     }
                 }
             }
-            GroupsCommand::Describe { group } => {
+            GroupsCommand::Describe { group, isolation } => {
                 let d = admin.describe(group).await?;
+                let isolation = isolation.unwrap_or(if d.isolation == "read_committed" {
+                    Isolation::ReadCommitted
+                } else {
+                    Isolation::ReadUncommitted
+                });
                 let partitions: Vec<(String, u32)> = d
                     .offsets
                     .iter()
                     .map(|o| (o.topic.clone(), o.partition))
                     .collect();
-                let ends = admin.log_ends(&partitions).await?;
+                let ends = admin.log_ends(&partitions, false).await?;
+                let stable = admin.log_ends(&partitions, true).await?;
                 let committed: BTreeMap<(String, u32), i64> = d
                     .offsets
                     .iter()
@@ -131,13 +143,17 @@ pub fn run(args: &GroupsArgs) -> Result<(), CliError> {
                     .offsets
                     .iter()
                     .map(|o| {
-                        let end = ends
-                            .get(&(o.topic.clone(), o.partition))
-                            .copied()
-                            .unwrap_or(-1);
+                        let key = (o.topic.clone(), o.partition);
+                        let end = ends.get(&key).copied().unwrap_or(-1);
+                        let last_stable = stable.get(&key).copied().unwrap_or(-1);
+                        let to = match isolation {
+                            Isolation::ReadCommitted => last_stable,
+                            Isolation::ReadUncommitted => end,
+                        };
                         json!({"topic": o.topic, "partition": o.partition,
                                "committed_offset": o.offset, "log_end_offset": end,
-                               "lag": (end - o.offset).max(0)})
+                               "last_stable_offset": last_stable,
+                               "lag": (to - o.offset).max(0)})
                     })
                     .collect();
                 match output {
@@ -153,13 +169,14 @@ pub fn run(args: &GroupsArgs) -> Result<(), CliError> {
                                     .collect();
                                 json!({"member_id": m.member_id, "client_id": m.client_id,
                                        "instance_id": m.instance_id, "member_epoch": m.member_epoch,
+                                       "read_committed": m.read_committed,
                                        "assignment": assignment})
                             })
                             .collect();
                         println!(
                             "{}",
                             json!({"group": d.group, "state": d.state, "strategy": d.strategy,
-                                   "group_type": d.group_type,
+                                   "group_type": d.group_type, "isolation": isolation.name(),
                                    "broadcast": d.broadcast, "group_epoch": d.group_epoch,
                                    "members": members, "offsets": offsets,
                                    "retry": retries.to_json(group)})
@@ -167,13 +184,14 @@ pub fn run(args: &GroupsArgs) -> Result<(), CliError> {
                     }
                     OutputFormat::Table => {
                         println!(
-                            "Group: {}\tState: {}\tStrategy: {}\tEpoch: {}\tMembers: {}\tType: {}",
+                            "Group: {}\tState: {}\tStrategy: {}\tEpoch: {}\tMembers: {}\tType: {}\tIsolation: {}",
                             d.group,
                             d.state,
                             d.strategy,
                             d.group_epoch,
                             d.members.len(),
-                            d.group_type
+                            d.group_type,
+                            isolation.name()
                         );
                         for m in &d.members {
                             let parts: Vec<String> = m
@@ -196,15 +214,16 @@ pub fn run(args: &GroupsArgs) -> Result<(), CliError> {
                             retries.dead_letters,
                             retries.not_replayed
                         );
-                        println!("TOPIC\tPARTITION\tCOMMITTED\tLOG-END\tLAG");
+                        println!("TOPIC\tPARTITION\tCOMMITTED\tLOG-END\tLAG\tLAST-STABLE");
                         for o in &offsets {
                             println!(
-                                "{}\t{}\t{}\t{}\t{}",
+                                "{}\t{}\t{}\t{}\t{}\t{}",
                                 o["topic"].as_str().unwrap_or_default(),
                                 o["partition"],
                                 o["committed_offset"],
                                 o["log_end_offset"],
-                                o["lag"]
+                                o["lag"],
+                                o["last_stable_offset"]
                             );
                         }
                     }

@@ -16,7 +16,7 @@ use super::progress::{fraction, Progress};
 use bytes::Bytes;
 use serde_json::json;
 
-use super::client_args::{block_on, ClientArgs};
+use super::client_args::{block_on, ClientArgs, Isolation};
 use super::produce::parse_acks;
 use super::{CliError, OutputFormat};
 use crate::client::consumer::{Consumer, ConsumerFilter, StartAt};
@@ -127,8 +127,8 @@ enum PerfCommand {
         follow: bool,
         /// read_uncommitted (every record) or read_committed (committed transactions only,
         /// up to the last stable offset).
-        #[arg(long, value_parser = ["read_committed", "read_uncommitted"], default_value = "read_uncommitted")]
-        isolation: String,
+        #[arg(long, value_enum, default_value_t = Isolation::ReadUncommitted)]
+        isolation: Isolation,
     },
 }
 
@@ -227,7 +227,7 @@ pub fn run(args: &PerfArgs) -> Result<(), CliError> {
                 topic,
                 (*num_records, idle_ms.map(Duration::from_millis), *follow),
                 (group.clone(), filter, *push),
-                isolation == "read_committed",
+                *isolation == Isolation::ReadCommitted,
                 output,
             ))?
         }

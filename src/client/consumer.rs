@@ -143,9 +143,13 @@ impl Consumer {
 
     /// Kafka's `isolation.level`: `true` reads only committed transactions (records of
     /// open transactions wait, aborted ones are never returned); `false` (the default)
-    /// reads everything below the high watermark. Push mode reads uncommitted.
+    /// reads everything below the high watermark. In push mode the brokers push only
+    /// committed records.
     pub fn set_read_committed(&mut self, on: bool) {
         self.read_committed = on;
+        if let Some(feed) = &mut self.push {
+            feed.set_read_committed(on);
+        }
     }
 
     /// The consumer's rack (Kafka's `client.rack`): partitions whose leader is in another
@@ -159,7 +163,9 @@ impl Consumer {
     /// partitions' records over one `Subscribe` stream as they are committed, within the
     /// window of `settings` (see [`PushFeed`]). `poll` then returns what has arrived.
     pub fn enable_push(&mut self, settings: PushSettings) {
-        self.push = Some(PushFeed::new(settings, self.filter.clone()));
+        let mut feed = PushFeed::new(settings, self.filter.clone());
+        feed.set_read_committed(self.read_committed);
+        self.push = Some(feed);
     }
 
     /// Fetches only records that pass `filter` (`None`: every record). The broker skips

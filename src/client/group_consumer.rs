@@ -12,6 +12,7 @@
 //! and at `close`, or by `commit_sync` / `commit_async`).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -77,6 +78,10 @@ pub struct GroupConfig {
     /// (None: keep what the group has, defaults for a new one). Broadcast groups do not
     /// retry.
     pub retry_policy: Option<RetryPolicy>,
+    /// Kafka's `isolation.level=read_committed`: read only committed records (see
+    /// [`Consumer::set_read_committed`]); the member tells the coordinator, so the group's
+    /// lag is measured against the last stable offset.
+    pub read_committed: bool,
 }
 
 impl Default for GroupConfig {
@@ -95,6 +100,7 @@ impl Default for GroupConfig {
             auto_offset_reset: OffsetReset::Latest,
             rack: None,
             retry_policy: None,
+            read_committed: false,
         }
     }
 }
@@ -147,6 +153,8 @@ struct Shared {
     /// Held by a heartbeat for its whole round trip and by a reconciliation: a heartbeat
     /// never reports a holding that a reconciliation is about to change.
     exchange: tokio::sync::Mutex<()>,
+    /// Reads committed records only (told to the coordinator in heartbeats).
+    read_committed: AtomicBool,
 }
 
 impl Shared {
@@ -203,6 +211,7 @@ impl Shared {
             session_timeout_ms: self.config.session_timeout.as_millis() as u32,
             owned: to_list(&owned),
             rack: self.config.rack.clone().unwrap_or_default(),
+            read_committed: self.read_committed.load(Ordering::Relaxed),
         };
         let outcome = async {
             let mut client = self.coordinator().await?;
@@ -318,6 +327,7 @@ impl GroupConsumer {
             .retry_policy
             .clone()
             .filter(|_| retry_topic.is_some());
+        let config_read_committed = config.read_committed;
         let shared = Arc::new(Shared {
             connection: Connection::new(bootstrap.clone(), Duration::from_secs(30)),
             subscription,
@@ -329,6 +339,7 @@ impl GroupConsumer {
             membership: Mutex::new(Membership::default()),
             wake: Notify::new(),
             exchange: tokio::sync::Mutex::new(()),
+            read_committed: AtomicBool::new(config_read_committed),
         });
         let task = {
             let shared = shared.clone();
@@ -348,6 +359,7 @@ impl GroupConsumer {
             consumer: {
                 let mut c = Consumer::new(bootstrap, Duration::from_secs(30));
                 c.set_rack(rack);
+                c.set_read_committed(config_read_committed);
                 c
             },
             paused: BTreeMap::new(),
@@ -580,8 +592,11 @@ impl GroupConsumer {
         self.consumer.set_filter(filter)
     }
 
-    /// Kafka's `isolation.level` ([`Consumer::set_read_committed`]).
+    /// Kafka's `isolation.level` ([`Consumer::set_read_committed`]); the next heartbeat
+    /// tells the coordinator ([`GroupConfig::read_committed`]).
     pub fn set_read_committed(&mut self, on: bool) {
+        self.shared.read_committed.store(on, Ordering::Relaxed);
+        self.shared.wake.notify_one();
         self.consumer.set_read_committed(on);
     }
 

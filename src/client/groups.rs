@@ -108,12 +108,15 @@ impl GroupsAdmin {
         .await
     }
 
-    /// The high watermark of each partition (for lag).
+    /// The high watermark of each partition (for lag); with `read_committed`, its last
+    /// stable offset.
     pub async fn log_ends(
         &self,
         partitions: &[(String, u32)],
+        read_committed: bool,
     ) -> Result<BTreeMap<(String, u32), i64>, ClientError> {
-        let consumer = Consumer::new(self.bootstrap.clone(), self.timeout);
+        let mut consumer = Consumer::new(self.bootstrap.clone(), self.timeout);
+        consumer.set_read_committed(read_committed);
         let mut out = BTreeMap::new();
         for (t, p) in partitions {
             out.insert((t.clone(), *p), consumer.list_offset(t, *p, -1).await?);

@@ -22,9 +22,9 @@ use super::error::ClientError;
 use crate::api::broker_service::PARTITIONS_PER_REQUEST_MAX;
 use crate::api::proto::broker_client::BrokerClient;
 use crate::api::proto::{
-    subscribe_request, subscribe_response, FetchPartition, FetchTopic, RecordFilter,
-    SubscribeAssign, SubscribeCredit, SubscribeHeartbeat, SubscribeRequest, SubscribeStart,
-    SubscribeUnassign, TopicPartitions,
+    subscribe_request, subscribe_response, FetchPartition, FetchTopic, IsolationLevel,
+    RecordFilter, SubscribeAssign, SubscribeCredit, SubscribeHeartbeat, SubscribeRequest,
+    SubscribeStart, SubscribeUnassign, TopicPartitions,
 };
 use crate::api::status::code_of;
 use crate::error_code::ErrorCode;
@@ -103,6 +103,7 @@ impl Drop for Stream {
 pub struct PushFeed {
     settings: PushSettings,
     filter: Option<RecordFilter>,
+    read_committed: bool,
     streams: HashMap<String, Stream>,
     /// Where each placed partition is streamed from: broker, stream id, assignment id.
     placed: BTreeMap<Tp, (String, u64, u64)>,
@@ -126,6 +127,7 @@ impl PushFeed {
         Self {
             settings,
             filter,
+            read_committed: false,
             streams: HashMap::new(),
             placed: BTreeMap::new(),
             moved: BTreeSet::new(),
@@ -143,6 +145,16 @@ impl PushFeed {
         self.filter = filter;
         self.streams.clear();
         self.placed.clear();
+    }
+
+    /// Read committed records only (Kafka's `isolation.level=read_committed`), for
+    /// streams opened from now on (the consumer's streams are reopened on a change).
+    pub fn set_read_committed(&mut self, on: bool) {
+        if self.read_committed != on {
+            self.read_committed = on;
+            self.streams.clear();
+            self.placed.clear();
+        }
     }
 
     /// Notes that a partition's position was set from outside (assign or seek): its
@@ -430,6 +442,11 @@ impl PushFeed {
                 heartbeat_interval_ms: self.settings.heartbeat.as_millis() as u32,
                 raw_batches: true,
                 assignment_id: assignment,
+                isolation: if self.read_committed {
+                    IsolationLevel::ReadCommitted as i32
+                } else {
+                    IsolationLevel::ReadUncommitted as i32
+                },
             })),
         };
         requests

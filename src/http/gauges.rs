@@ -303,8 +303,9 @@ fn timers(broker: &super::health::BrokerRole) {
 }
 
 /// Members, epoch, committed offsets and lag of the groups this broker coordinates. Lag
-/// is measured against the high watermark where this broker leads the partition (always
-/// in `standalone`); elsewhere only the committed offset is exported.
+/// is measured against the high watermark (the last stable offset for groups that read
+/// committed records) where this broker leads the partition (always in `standalone`);
+/// elsewhere only the committed offset is exported.
 async fn groups(broker: &super::health::BrokerRole) {
     for g in broker.groups.snapshot().await {
         let group = [("group", g.name.clone())];
@@ -323,8 +324,12 @@ async fn groups(broker: &super::health::BrokerRole) {
             gauge!("tidelog_group_committed_offset", &labels).set(offset as f64);
             let led = broker.node.leader_partition(&key.topic, key.partition);
             if let Ok((local, _)) = led {
-                let hw = local.log.high_watermark().0 as i64;
-                gauge!("tidelog_group_lag", &labels).set((hw - offset).max(0) as f64);
+                let end = if g.read_committed {
+                    local.log.last_stable_offset()
+                } else {
+                    local.log.high_watermark()
+                };
+                gauge!("tidelog_group_lag", &labels).set((end.as_i64() - offset).max(0) as f64);
             }
         }
     }

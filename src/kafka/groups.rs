@@ -778,6 +778,8 @@ impl KafkaHandler {
             session_timeout_ms: 0,
             owned,
             rack: r.rack_id.map(|x| x.to_string()),
+            // KIP-848 members do not tell their isolation level.
+            read_committed: false,
         };
         match self.groups.coordinator().heartbeat(hb).await {
             Err(e) => failed(group_code(&group, &e), e.message),

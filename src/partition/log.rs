@@ -110,6 +110,16 @@ pub struct FetchData {
 }
 
 impl FetchData {
+    /// [`FetchData::aborted_transactions`] as a reader drops them.
+    pub fn aborted_ranges(&self) -> crate::record::control::AbortedRanges {
+        crate::record::control::AbortedRanges::new(
+            self.aborted_transactions
+                .iter()
+                .map(|a| (a.producer_id, a.first_offset as i64, a.last_offset as i64))
+                .collect(),
+        )
+    }
+
     /// No records, with the log's offsets.
     pub fn empty(
         high_watermark: Offset,

@@ -11,7 +11,11 @@
 //! Only the transaction coordinator writes markers (through the partition's leader);
 //! clients never may. Consumers never see them as records.
 
-use super::{BatchBuilder, BatchHeader, Compression, RecordBatch, RecordError, RecordRef};
+use bytes::Bytes;
+
+use super::{
+    BatchBuilder, BatchHeader, BatchIter, Compression, RecordBatch, RecordError, RecordRef,
+};
 
 /// How a transaction ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,6 +127,33 @@ impl AbortedRanges {
             .take_while(|(p, _, _)| *p == h.producer_id)
             .any(|(_, first, last)| *first <= h.base_offset && h.last_offset() <= *last)
     }
+
+    /// `batches` (whole batches back to back) without control batches and the batches of
+    /// these aborted transactions: what a read-committed reader is shown, for a server
+    /// that sends it batches as stored. Shares `batches` when nothing is left out; from a
+    /// damaged batch on, the rest is kept as it is (the reader's CRC check reports it).
+    pub fn strip(&self, batches: &Bytes) -> Bytes {
+        let mut kept: Option<Vec<u8>> = None;
+        let mut at = 0;
+        for batch in BatchIter::new(batches) {
+            let Ok(b) = batch else { break };
+            let bytes = b.as_bytes();
+            let drop = b.header().is_control() || self.is_aborted(b.header());
+            match (&mut kept, drop) {
+                (None, true) => kept = Some(batches[..at].to_vec()),
+                (Some(out), false) => out.extend_from_slice(bytes),
+                _ => {}
+            }
+            at += bytes.len();
+        }
+        match kept {
+            None => batches.clone(),
+            Some(mut out) => {
+                out.extend_from_slice(&batches[at..]);
+                Bytes::from(out)
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -141,6 +172,77 @@ mod tests {
             prop_assert!(h.is_control() && h.is_transactional());
             prop_assert_eq!((h.producer_id, h.producer_epoch, h.base_sequence, h.record_count), (pid, epoch, -1, 1));
             prop_assert_eq!(decode_marker(&batch).unwrap(), ControlMarker { commit, coordinator_epoch: ce });
+        }
+    }
+
+    /// One batch of a generated log: plain records, a transactional batch of producer 1
+    /// or 2, or that producer's marker (true: commit).
+    #[derive(Debug, Clone)]
+    enum Step {
+        Plain(usize),
+        Txn(i64, usize),
+        Marker(i64, bool),
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            (1usize..4).prop_map(Step::Plain),
+            (1i64..3, 1usize..4).prop_map(|(p, n)| Step::Txn(p, n)),
+            (1i64..3, any::<bool>()).prop_map(|(p, c)| Step::Marker(p, c)),
+        ]
+    }
+
+    proptest! {
+        /// `strip` leaves exactly the non-control batches outside aborted transactions,
+        /// whole and in order, and shares the buffer when it leaves nothing out.
+        #[test]
+        fn strip_keeps_what_a_read_committed_reader_sees(steps in proptest::collection::vec(step(), 0..24)) {
+            let (mut log, mut expected) = (Vec::new(), Vec::new());
+            let mut open: std::collections::HashMap<i64, i64> = Default::default();
+            let mut ranges = Vec::new();
+            let mut offset = 0i64;
+            for s in &steps {
+                let (mut bytes, keep) = match *s {
+                    Step::Marker(pid, commit) => {
+                        if let Some(first) = open.remove(&pid) {
+                            if !commit {
+                                ranges.push((pid, first, offset));
+                            }
+                        }
+                        (marker_batch(pid, 0, ControlMarker { commit, coordinator_epoch: 0 }, 1), false)
+                    }
+                    Step::Plain(n) | Step::Txn(_, n) => {
+                        let pid = match *s { Step::Txn(p, _) => p, _ => -1 };
+                        if pid >= 0 {
+                            open.entry(pid).or_insert(offset);
+                        }
+                        let mut b = BatchBuilder::new(Compression::None)
+                            .producer(pid, 0, if pid >= 0 { 0 } else { -1 })
+                            .transactional(pid >= 0);
+                        for _ in 0..n {
+                            b.push(RecordRef { timestamp: 1, key: None, value: Some(b"v"), headers: &[] });
+                        }
+                        (b.build(0).unwrap(), true)
+                    }
+                };
+                crate::record::set_base_offset(&mut bytes, offset);
+                offset = RecordBatch::parse(&bytes).unwrap().0.header().next_offset();
+                log.push((bytes, keep));
+            }
+            let aborted = AbortedRanges::new(ranges.clone());
+            let all = Bytes::from(log.iter().flat_map(|(b, _)| b.clone()).collect::<Vec<u8>>());
+            for (bytes, keep) in &log {
+                let h = *RecordBatch::parse(bytes).unwrap().0.header();
+                let in_abort = ranges.iter().any(|(p, f, l)| *p == h.producer_id && *f <= h.base_offset && h.base_offset <= *l);
+                if *keep && !in_abort {
+                    expected.extend_from_slice(bytes);
+                }
+            }
+            let stripped = aborted.strip(&all);
+            prop_assert_eq!(&stripped[..], &expected[..]);
+            if expected.len() == all.len() {
+                prop_assert_eq!(stripped.as_ptr(), all.as_ptr());
+            }
         }
     }
 

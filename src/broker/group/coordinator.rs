@@ -80,6 +80,12 @@ impl Group {
         self.state.members.len() + self.classic.members.len()
     }
 
+    /// Whether its lag is measured against last stable offsets: a consumer member (or,
+    /// with none now, one it last had) reads committed records only.
+    fn reads_committed(&self) -> bool {
+        self.state.read_committed
+    }
+
     /// `classic` when it has classic members or only ever had those; else `consumer`.
     fn kind(&self) -> &'static str {
         if !self.classic.is_empty()
@@ -194,6 +200,8 @@ pub struct Heartbeat {
     pub owned: Option<BTreeSet<TopicPartition>>,
     /// The member's rack, empty for none (`None`: unchanged).
     pub rack: Option<String>,
+    /// The member reads committed records only.
+    pub read_committed: bool,
 }
 
 /// The answer to a heartbeat.
@@ -235,6 +243,9 @@ pub struct GroupDescription {
     pub members: Vec<(String, String, String, i32, BTreeSet<TopicPartition>)>,
     /// Committed offsets.
     pub offsets: Vec<(OffsetKey, OffsetValue)>,
+    /// A member reads committed records only: lag is measured against the last stable
+    /// offset.
+    pub read_committed: bool,
 }
 
 /// A group as ListGroups shows it.
@@ -266,6 +277,8 @@ pub struct GroupSnapshot {
     pub rebalances: u64,
     /// Committed offsets.
     pub offsets: Vec<(OffsetKey, i64)>,
+    /// A member reads committed records only.
+    pub read_committed: bool,
 }
 
 /// The coordinator of one broker.
@@ -565,6 +578,7 @@ impl GroupCoordinator {
                     owned: BTreeSet::new(),
                     assignment: BTreeSet::new(),
                     rack: None,
+                    read_committed: hb.read_committed,
                     session_timeout: session,
                     last_seen: Instant::now(),
                 },
@@ -610,10 +624,12 @@ impl GroupCoordinator {
         member.topics = topics;
         member.regex = regex;
         member.rack = rack;
+        member.read_committed = hb.read_committed;
         let owned = hb.owned.unwrap_or_else(|| member.owned.clone());
         member.report_owned(joining, owned);
         member.session_timeout = session;
         member.last_seen = Instant::now();
+        state.read_committed = state.members.values().any(|m| m.read_committed);
         if changed {
             state.bump();
         }
@@ -1310,6 +1326,7 @@ impl GroupCoordinator {
                 .iter()
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
+            read_committed: g.reads_committed(),
         })
     }
 
@@ -1332,6 +1349,7 @@ impl GroupCoordinator {
                         .iter()
                         .map(|(k, v)| (k.clone(), v.offset))
                         .collect(),
+                    read_committed: g.reads_committed(),
                     name,
                 })
             })

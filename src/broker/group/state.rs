@@ -34,6 +34,8 @@ pub struct Member {
     pub assignment: BTreeSet<TopicPartition>,
     /// Its rack (client.rack), for the rack-aware strategy.
     pub rack: Option<String>,
+    /// It reads committed records only (isolation level read_committed).
+    pub read_committed: bool,
     /// Session timeout.
     pub session_timeout: Duration,
     /// Its last heartbeat.
@@ -89,6 +91,9 @@ pub struct GroupState {
     pub target: BTreeMap<String, BTreeSet<TopicPartition>>,
     /// The group epoch `target` belongs to.
     pub target_epoch: i32,
+    /// Whether the members, when it last had any, read committed records only: an
+    /// emptied group keeps its lag measured as its members saw it.
+    pub read_committed: bool,
 }
 
 impl Default for GroupState {
@@ -102,6 +107,7 @@ impl Default for GroupState {
             racks: ReplicaRacks::new(),
             target: BTreeMap::new(),
             target_epoch: -1,
+            read_committed: false,
         }
     }
 }
@@ -287,6 +293,7 @@ mod tests {
             owned: BTreeSet::new(),
             assignment: BTreeSet::new(),
             rack: None,
+            read_committed: false,
             session_timeout: Duration::from_secs(10),
             last_seen: Instant::now(),
         }

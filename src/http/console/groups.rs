@@ -88,7 +88,7 @@ pub async fn show(
     let title = format!("Group {group}");
     let loaded = async {
         let d = groups_admin(&console).await?.describe(&group).await?;
-        let ends = high_watermarks(&console, &d).await;
+        let ends = lag_ends(&console, &d).await;
         Ok::<_, ClientError>((d, ends))
     };
     let (d, ends) = match loaded.await {
@@ -115,13 +115,11 @@ pub async fn show(
     browser.page(StatusCode::OK, render::page(Section::Groups, &title, body))
 }
 
-/// The high watermark of each partition the group has an offset for, asked through
-/// Admin per topic (never creating a topic that was deleted since); a topic or leader
-/// that does not answer leaves its partitions out.
-async fn high_watermarks(
-    console: &Console,
-    d: &DescribeGroupResponse,
-) -> BTreeMap<(String, u32), i64> {
+/// Where the group's lag is measured to, for each partition it has an offset for: the
+/// high watermark, or the last stable offset for a group that reads committed records.
+/// Asked through Admin per topic (never creating a topic that was deleted since); a
+/// topic or leader that does not answer leaves its partitions out.
+async fn lag_ends(console: &Console, d: &DescribeGroupResponse) -> BTreeMap<(String, u32), i64> {
     let topics: BTreeSet<&str> = d.offsets.iter().map(|o| o.topic.as_str()).collect();
     let asked = futures_util::future::join_all(
         topics
@@ -133,7 +131,12 @@ async fn high_watermarks(
     for (topic, answer) in asked {
         if let Ok((_, offsets)) = answer {
             for (p, o) in offsets {
-                out.insert((topic.to_owned(), p), o.high_watermark);
+                let end = if d.isolation == "read_committed" {
+                    o.last_stable_offset
+                } else {
+                    o.high_watermark
+                };
+                out.insert((topic.to_owned(), p), end);
             }
         }
     }
@@ -153,7 +156,7 @@ fn summary(d: &DescribeGroupResponse, ends: &BTreeMap<(String, u32), i64>) -> Ma
             div.card { span.label { "Members" } span.value #members { (d.members.len()) } }
             div.card { span.label { "Total lag" } span.value #total-lag { (total) } }
         }
-        p.meta { "Strategy " (d.strategy) ", epoch " (d.group_epoch) @if d.broadcast { ", broadcast" } }
+        p.meta { "Strategy " (d.strategy) ", epoch " (d.group_epoch) @if d.broadcast { ", broadcast" } @if d.isolation == "read_committed" { ", reads committed records (lag to the last stable offset)" } }
         h2 { "Members" }
         @if d.members.is_empty() { p.meta { "No members." } } @else {
             table #group-members {
@@ -174,7 +177,7 @@ fn summary(d: &DescribeGroupResponse, ends: &BTreeMap<(String, u32), i64>) -> Ma
         h2 { "Committed offsets and lag" }
         @if d.offsets.is_empty() { p.meta { "No committed offsets." } } @else {
             table #group-offsets {
-                thead { tr { th { "Topic" } th.num { "Partition" } th.num { "Committed" } th.num { "High watermark" } th.num { "Lag" } } }
+                thead { tr { th { "Topic" } th.num { "Partition" } th.num { "Committed" } th.num { (if d.isolation == "read_committed" { "Last stable offset" } else { "High watermark" }) } th.num { "Lag" } } }
                 tbody {
                     @for o in &d.offsets {
                         tr data-topic=(o.topic) data-partition=(o.partition) {
