@@ -567,3 +567,53 @@ async fn a_fetch_response_stays_within_max_bytes_across_partitions() {
             .all(|p| p.error_code == 0 && p.high_watermark == 1));
     }
 }
+
+/// An isolation level that is neither READ_UNCOMMITTED nor READ_COMMITTED is refused with
+/// INVALID_REQUEST naming the field, in Fetch and ListOffsets (Subscribe shares the check).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_isolation_levels_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, bootstrap) = with_topic(dir.path()).await;
+    let partitions = vec![FetchPartition {
+        partition: 0,
+        fetch_offset: 0,
+        partition_max_bytes: 0,
+    }];
+    for isolation in [0, 1, 2, -1] {
+        let fetch = FetchRequest {
+            max_wait_ms: 0,
+            topics: vec![FetchTopic {
+                topic: "t".into(),
+                partitions: partitions.clone(),
+            }],
+            isolation,
+            ..Default::default()
+        };
+        let offsets = ListOffsetsRequest {
+            topics: vec![ListOffsetsTopic {
+                topic: "t".into(),
+                partitions: vec![ListOffsetsPartition {
+                    partition: 0,
+                    timestamp_ms: -1,
+                }],
+            }],
+            isolation,
+        };
+        let fetched = broker(&bootstrap).await.fetch(fetch).await;
+        let listed = broker(&bootstrap).await.list_offsets(offsets).await;
+        if isolation == 0 || isolation == 1 {
+            assert!(fetched.is_ok() && listed.is_ok(), "isolation {isolation}");
+            continue;
+        }
+        for status in [fetched.unwrap_err(), listed.unwrap_err()] {
+            assert_eq!(code_of(&status), ErrorCode::InvalidRequest, "{status:?}");
+            assert!(
+                status.message().contains(&format!(
+                    "isolation must be READ_UNCOMMITTED (0) or READ_COMMITTED (1), got {isolation}"
+                )),
+                "{}",
+                status.message()
+            );
+        }
+    }
+}

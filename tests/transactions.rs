@@ -824,17 +824,17 @@ async fn leaders(admin: &AdminClient, topic: &str, isr: usize) -> Vec<i32> {
 /// replicated on three brokers is committed while broker B (leading one of them, and not
 /// the coordinator) is paused: the coordinator's broker A makes the decision durable in
 /// `__transaction_state` (PrepareCommit) but cannot write B's marker. A is killed -9 right
-/// then, and B resumed: B's partition is still held back by the open transaction. After
-/// failover, the new coordinator (broker C) completes the commit: every partition gets
-/// its marker, the producer's commit call returns Ok, and a read-committed consumer sees
-/// the transaction whole, between the one before and one the same producer commits after.
+/// then. After failover (B still paused), the new coordinator C completes the commit:
+/// every partition gets its marker, the producer's commit call returns Ok, and a
+/// read-committed consumer sees the transaction whole, between the one before and one
+/// the same producer commits after (with B back).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_decided_before_the_coordinator_dies_completes_after_failover() {
     let mut c = common::BrokerCluster::start_with(
         3,
         &[
-            // Long enough that the paused broker keeps its partitions (their markers are
-            // what the new coordinator must write), short enough for a quick failover.
+            // Long enough that A is killed while the paused B still leads its partition,
+            // short enough for a quick failover.
             ("TIDELOG_BROKER_SESSION_TIMEOUT_MS", "8000"),
             // The coordinator's state write waits for the paused follower this long.
             ("TIDELOG_REPLICA_LAG_TIME_MAX_MS", "1000"),
@@ -913,29 +913,32 @@ async fn a_commit_decided_before_the_coordinator_dies_completes_after_failover()
     )
     .await;
     c.brokers[a as usize - 1].as_mut().unwrap().kill9();
-    c.brokers[b as usize - 1]
-        .as_ref()
-        .unwrap()
-        .signal(libc::SIGCONT);
-    // B's partition has no marker yet: its last stable offset is below its high
-    // watermark (the new coordinator cannot take over before A's session expires).
-    let survivors = vec![c.broker_address(cc), c.broker_address(b)];
-    let mut lso_reader = Consumer::new(survivors.clone(), Duration::from_secs(10));
-    lso_reader.set_read_committed(true);
-    let hw_reader = Consumer::new(survivors.clone(), Duration::from_secs(10));
-    let lso = lso_reader.list_offset("d", b_partition, -1).await.unwrap();
-    let hw = hw_reader.list_offset("d", b_partition, -1).await.unwrap();
-    assert!(lso < hw, "d-{b_partition}: LSO {lso}, HW {hw}");
-    // The producer's commit call rides out the failover.
+    // B stays paused until the commit is complete: a marker request of A's queued at B
+    // cannot land, and B's partition moves to C with A's. Only C is left to finish the
+    // commit: taking over `__transaction_state`, it finds PrepareCommit and writes every
+    // marker. The producer's commit call rides out the failover.
     tokio::time::timeout(Duration::from_secs(60), commit)
         .await
         .expect("commit returns")
         .unwrap()
         .unwrap();
-    let after = TxnClient::new(survivors.clone(), Duration::from_secs(10));
-    let d = after.describe("failover").await.unwrap();
+    let at_c = TxnClient::new(vec![c.broker_address(cc)], Duration::from_secs(10));
+    let d = at_c.describe("failover").await.unwrap();
     assert_eq!(d.state, "CompleteCommit", "{d:?}");
-    assert_ne!(d.coordinator_id, a, "{d:?}");
+    assert_eq!(d.coordinator_id, cc, "{d:?}");
+    let mut lso_reader = Consumer::new(vec![c.broker_address(cc)], Duration::from_secs(10));
+    lso_reader.set_read_committed(true);
+    let hw_reader = Consumer::new(vec![c.broker_address(cc)], Duration::from_secs(10));
+    for p in 0..3 {
+        let lso = lso_reader.list_offset("d", p, -1).await.unwrap();
+        let hw = hw_reader.list_offset("d", p, -1).await.unwrap();
+        assert_eq!(lso, hw, "d-{p} (B led d-{b_partition})");
+    }
+    c.brokers[b as usize - 1]
+        .as_ref()
+        .unwrap()
+        .signal(libc::SIGCONT);
+    let survivors = vec![c.broker_address(cc), c.broker_address(b)];
     write(3).await;
     producer.commit_transaction().await.unwrap();
     let expected: Vec<String> = (1..=3)
@@ -954,9 +957,10 @@ async fn a_commit_decided_before_the_coordinator_dies_completes_after_failover()
     }
 }
 
-/// Values per partition that `tidelog consume args...` prints (JSON lines) before it
-/// goes idle.
-fn consume_values(bootstrap: &str, args: &[&str]) -> BTreeMap<u32, Vec<String>> {
+/// Values per partition of the first `max` records `tidelog consume args...` prints
+/// (JSON lines) from the beginning of topic `a` (it gives up after 30 s without one).
+fn consume_values(bootstrap: &str, max: usize, args: &[&str]) -> BTreeMap<u32, Vec<String>> {
+    let max = max.to_string();
     let mut all = vec![
         "consume",
         "--bootstrap",
@@ -964,8 +968,10 @@ fn consume_values(bootstrap: &str, args: &[&str]) -> BTreeMap<u32, Vec<String>> 
         "--topic",
         "a",
         "--from-beginning",
+        "--max-messages",
+        &max,
         "--timeout-ms",
-        "3000",
+        "30000",
         "--output",
         "json",
     ];
@@ -1050,15 +1056,20 @@ async fn push_consumers_read_committed_and_group_lag_counts_to_the_last_stable_o
             (p, v)
         })
         .collect();
-    let everything = consume_values(&bootstrap, &["--push"]);
+    let everything = consume_values(&bootstrap, 3 * 17, &["--push"]);
     assert_eq!(everything[&0].len(), 5 + 5 + 1 + 5 + 1, "{everything:?}");
-    let assigned = consume_values(&bootstrap, &["--push", "--isolation", "read_committed"]);
+    let assigned = consume_values(
+        &bootstrap,
+        3 * 6,
+        &["--push", "--isolation", "read_committed"],
+    );
     assert_eq!(
         assigned, committed,
         "consume --push --isolation read_committed"
     );
     let grouped = consume_values(
         &bootstrap,
+        3 * 6,
         &[
             "--push",
             "--group",
@@ -1099,6 +1110,7 @@ async fn push_consumers_read_committed_and_group_lag_counts_to_the_last_stable_o
     txn.commit_transaction().await.unwrap();
     let rest = consume_values(
         &bootstrap,
+        3 * 6,
         &[
             "--push",
             "--group",

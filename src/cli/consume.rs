@@ -194,6 +194,9 @@ pub fn run(args: &ConsumeArgs) -> Result<(), CliError> {
             None => {
                 let mut consumer = Consumer::new(bootstrap, timeout);
                 consumer.set_rack(args.rack.clone());
+                // Before the start offsets are looked up: "latest" is the last stable
+                // offset for a read-committed consumer.
+                consumer.set_read_committed(args.isolation == Isolation::ReadCommitted);
                 if args.push {
                     consumer.enable_push(PushSettings::default());
                 }

@@ -81,9 +81,14 @@ impl Group {
     }
 
     /// Whether its lag is measured against last stable offsets: a consumer member (or,
-    /// with none now, one it last had) reads committed records only.
+    /// with none now, one it last had) reads committed records only. Kept in memory: a
+    /// group without members forgets it when its coordinator moves.
     fn reads_committed(&self) -> bool {
-        self.state.read_committed
+        if self.state.members.is_empty() {
+            self.state.read_committed
+        } else {
+            self.state.members.values().any(|m| m.read_committed)
+        }
     }
 
     /// `classic` when it has classic members or only ever had those; else `consumer`.
