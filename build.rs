@@ -23,6 +23,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(out_dir.join("tidelog_descriptor.bin"), fds.encode_to_vec())?;
     tonic_prost_build::configure()
+        // Sizes each message's buffer before encoding (src/api/codec.rs).
+        .codec_path("crate::api::codec::SizedCodec")
         .btree_map(".")
         .bytes(".")
         .compile_fds(fds)?;

@@ -5,6 +5,7 @@ pub mod admin_service;
 pub mod broker_admin_service;
 pub mod broker_service;
 pub mod code_layer;
+pub mod codec;
 pub mod controller_service;
 pub mod convert;
 pub mod forward;
