@@ -1067,18 +1067,22 @@ async fn push_consumers_read_committed_and_group_lag_counts_to_the_last_stable_o
         assigned, committed,
         "consume --push --isolation read_committed"
     );
-    let grouped = consume_values(
-        &bootstrap,
-        3 * 6,
-        &[
-            "--push",
-            "--group",
-            "rc",
-            "--orderly",
-            "--isolation",
-            "read_committed",
-        ],
-    );
+    // The next 6 records of each partition, read by a push consumer of group `rc`.
+    let read_in_group = || {
+        consume_values(
+            &bootstrap,
+            3 * 6,
+            &[
+                "--push",
+                "--group",
+                "rc",
+                "--orderly",
+                "--isolation",
+                "read_committed",
+            ],
+        )
+    };
+    let grouped = read_in_group();
     assert_eq!(
         grouped, committed,
         "consume --push --group --isolation read_committed"
@@ -1108,18 +1112,7 @@ async fn push_consumers_read_committed_and_group_lag_counts_to_the_last_stable_o
     );
     // Once the transaction commits, the group reads on: its records and the one behind.
     txn.commit_transaction().await.unwrap();
-    let rest = consume_values(
-        &bootstrap,
-        3 * 6,
-        &[
-            "--push",
-            "--group",
-            "rc",
-            "--orderly",
-            "--isolation",
-            "read_committed",
-        ],
-    );
+    let rest = read_in_group();
     for p in 0..3u32 {
         let mut want: Vec<String> = (0..5).map(|i| format!("o{p}-{i}")).collect();
         want.push(format!("late{p}"));
