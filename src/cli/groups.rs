@@ -130,8 +130,10 @@ pub fn run(args: &GroupsArgs) -> Result<(), CliError> {
                     .iter()
                     .map(|o| (o.topic.clone(), o.partition))
                     .collect();
-                let ends = admin.log_ends(&partitions, false).await?;
-                let stable = admin.log_ends(&partitions, true).await?;
+                let (ends, stable) = tokio::try_join!(
+                    admin.log_ends(&partitions, false),
+                    admin.log_ends(&partitions, true)
+                )?;
                 let committed: BTreeMap<(String, u32), i64> = d
                     .offsets
                     .iter()

@@ -17,6 +17,9 @@ use crate::api::proto::{
     FindCoordinatorRequest, GroupSummary, ListGroupsRequest, OffsetCommitRequest,
 };
 
+/// Most ListOffsets calls [`GroupsAdmin::log_ends`] has out at once.
+pub const LOG_ENDS_IN_FLIGHT: usize = 32;
+
 /// Group administration through the cluster at some bootstrap addresses.
 pub struct GroupsAdmin {
     connection: Connection,
@@ -109,19 +112,21 @@ impl GroupsAdmin {
     }
 
     /// The high watermark of each partition (for lag); with `read_committed`, its last
-    /// stable offset.
+    /// stable offset. Up to [`LOG_ENDS_IN_FLIGHT`] partitions are asked at once.
     pub async fn log_ends(
         &self,
         partitions: &[(String, u32)],
         read_committed: bool,
     ) -> Result<BTreeMap<(String, u32), i64>, ClientError> {
+        use futures_util::{StreamExt, TryStreamExt};
         let mut consumer = Consumer::new(self.bootstrap.clone(), self.timeout);
         consumer.set_read_committed(read_committed);
-        let mut out = BTreeMap::new();
-        for (t, p) in partitions {
-            out.insert((t.clone(), *p), consumer.list_offset(t, *p, -1).await?);
-        }
-        Ok(out)
+        let consumer = &consumer;
+        futures_util::stream::iter(partitions)
+            .map(|(t, p)| async move { Ok(((t.clone(), *p), consumer.list_offset(t, *p, -1).await?)) })
+            .buffered(LOG_ENDS_IN_FLIGHT)
+            .try_collect()
+            .await
     }
 
     /// Sets committed offsets of a group without members.
