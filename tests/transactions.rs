@@ -198,7 +198,7 @@ async fn an_abandoned_transaction_is_aborted_at_its_timeout_and_fenced() {
         .send_sync(record("a", 0, "after".into()))
         .await
         .unwrap();
-    let (ok, out, _) = cli(&[
+    let d = common::cli_json(&[
         "transactions",
         "describe",
         "--bootstrap",
@@ -208,8 +208,6 @@ async fn an_abandoned_transaction_is_aborted_at_its_timeout_and_fenced() {
         "--output",
         "json",
     ]);
-    assert!(ok);
-    let d: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(d["state"], "Ongoing", "{d}");
     assert_eq!(d["partitions"][0]["topic"], "a", "{d}");
     // Held back while open: the plain record behind it too.
@@ -740,7 +738,7 @@ async fn check_back_settles_transactions_their_producers_left_open() {
     assert_eq!(txns.describe("unchecked").await.unwrap().state, "Ongoing");
     // Its partition's last stable offset stays at its first record: `topics describe`
     // shows it, and read-committed ListOffsets answers it for "latest".
-    let (ok, out, err) = cli(&[
+    let d = common::cli_json(&[
         "topics",
         "describe",
         "--topic",
@@ -750,8 +748,6 @@ async fn check_back_settles_transactions_their_producers_left_open() {
         "--output",
         "json",
     ]);
-    assert!(ok, "{err}");
-    let d: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     let p1 = &d["topics"][0]["partitions"][1];
     let (lso, hw) = (
         p1["last_stable_offset"].as_i64().unwrap(),
@@ -1002,9 +998,7 @@ fn describe_group(bootstrap: &str, g: &str, extra: &[&str]) -> serde_json::Value
         "json",
     ];
     args.extend_from_slice(extra);
-    let (ok, out, err) = cli(&args);
-    assert!(ok, "{err}");
-    serde_json::from_str(out.trim()).unwrap()
+    common::cli_json(&args)
 }
 
 /// Push consumers read committed too: assigned (`consume --push`) and in a group

@@ -215,16 +215,10 @@ pub fn run(args: &ConsumeArgs) -> Result<(), CliError> {
                 Source::Assigned(consumer)
             }
         };
-        let read_committed = args.isolation == Isolation::ReadCommitted;
+        // The isolation level is set above: the group's through its config.
         match &mut source {
-            Source::Assigned(c) => {
-                c.set_filter(filter)?;
-                c.set_read_committed(read_committed);
-            }
-            Source::Group(g) => {
-                g.set_filter(filter)?;
-                g.set_read_committed(read_committed);
-            }
+            Source::Assigned(c) => c.set_filter(filter)?,
+            Source::Group(g) => g.set_filter(filter)?,
         }
         let mut delivered = 0u64;
         let idle_limit = args.timeout_ms.map(Duration::from_millis);

@@ -313,6 +313,13 @@ pub fn cli(args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// Runs a client subcommand that must succeed and print one JSON document; returns it.
+pub fn cli_json(args: &[&str]) -> serde_json::Value {
+    let (ok, out, err) = cli(args);
+    assert!(ok, "tidelog {args:?} failed: {err}");
+    serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("tidelog {args:?}: {e}: {out}"))
+}
+
 /// Runs a client subcommand with `input` on stdin; returns (success, stdout, stderr).
 pub fn cli_stdin(args: &[&str], input: &str) -> (bool, String, String) {
     use std::io::Write;
