@@ -305,203 +305,18 @@ impl Broker for BrokerService {
         &self,
         request: Request<ProduceRequest>,
     ) -> Result<Response<ProduceResponse>, Status> {
-        let r = request.into_inner();
-        if r.topics.is_empty() {
-            return Err(error_status(
-                ErrorCode::InvalidRequest,
-                "produce request names no topic",
-                None,
-            ));
-        }
-        check_partition_count(
-            "produce request",
-            r.topics.iter().map(|t| t.partitions.len()).sum(),
-        )?;
-        // A request without acks gets the durable default, as Kafka's producer does.
-        let acks = r.acks.unwrap_or(-1);
-        if !matches!(acks, -1..=1) {
-            return Err(error_status(
-                ErrorCode::InvalidRequest,
-                format!("acks must be 0, 1 or -1 (all), got {acks}"),
-                None,
-            ));
-        }
-        let timeout = Duration::from_millis(if r.timeout_ms == 0 {
-            PRODUCE_TIMEOUT_DEFAULT_MS
-        } else {
-            u64::from(r.timeout_ms)
-        });
-        // Every partition at once: acks=all waits overlap instead of adding up.
-        let mut pending = Vec::new();
-        let transactional_id = r.transactional_id.as_deref();
-        for t in &r.topics {
-            for p in &t.partitions {
-                let topic = t.topic.as_str();
-                pending.push(async move {
-                    let outcome = self
-                        .produce_partition(topic, p, acks, timeout, transactional_id)
-                        .await;
-                    (topic, p.partition, outcome)
-                });
-            }
-        }
-        let outcomes = futures_util::future::join_all(pending).await;
-        let mut topics: Vec<TopicProduceResponse> = Vec::with_capacity(r.topics.len());
-        for (topic, partition, outcome) in outcomes {
-            let response = match outcome {
-                Ok((base, start, scheduled_ids)) => PartitionProduceResponse {
-                    partition,
-                    base_offset: base,
-                    log_start_offset: start,
-                    scheduled_ids,
-                    ..Default::default()
-                },
-                Err(e) => {
-                    let (leader_id, leader_address) = leader_fields(&e);
-                    PartitionProduceResponse {
-                        partition,
-                        error_code: to_wire(e.code),
-                        error_message: e.message,
-                        base_offset: -1,
-                        log_start_offset: -1,
-                        leader_id,
-                        leader_address,
-                        scheduled_ids: Vec::new(),
-                    }
-                }
-            };
-            match topics.last_mut() {
-                Some(last) if last.topic == topic => last.partitions.push(response),
-                _ => topics.push(TopicProduceResponse {
-                    topic: topic.to_owned(),
-                    partitions: vec![response],
-                }),
-            }
-        }
-        Ok(Response::new(ProduceResponse { topics }))
+        self.produce_response(request.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn fetch(
         &self,
         request: Request<FetchRequest>,
     ) -> Result<Response<FetchResponse>, Status> {
-        let r = request.into_inner();
-        let max_bytes = if r.max_bytes == 0 {
-            FETCH_BYTES_DEFAULT
-        } else {
-            r.max_bytes as usize
-        };
-        check_partition_count(
-            "fetch request",
-            r.topics.iter().map(|t| t.partitions.len()).sum(),
-        )?;
-        let filter = parse_filter(r.filter.as_ref())?;
-        let read_committed = read_committed_of("fetch request", r.isolation)?;
-        let mut targets = Vec::new();
-        for t in &r.topics {
-            for p in &t.partitions {
-                if p.fetch_offset < 0 {
-                    return Err(error_status(
-                        ErrorCode::InvalidRequest,
-                        format!(
-                            "{}-{}: fetch_offset must be >= 0, got {}",
-                            t.topic, p.partition, p.fetch_offset
-                        ),
-                        None,
-                    ));
-                }
-                targets.push(FetchTarget {
-                    topic: t.topic.clone(),
-                    partition: p.partition,
-                    offset: p.fetch_offset as u64,
-                    max_bytes: if p.partition_max_bytes == 0 {
-                        max_bytes
-                    } else {
-                        p.partition_max_bytes as usize
-                    },
-                    filter: filter.clone(),
-                    follower_ok: r.read_from_follower,
-                    read_committed,
-                });
-            }
-        }
-        if targets.is_empty() {
-            return Err(error_status(
-                ErrorCode::InvalidRequest,
-                "fetch request names no partition",
-                None,
-            ));
-        }
-        let results = self
-            .node
-            .fetch(
-                targets.clone(),
-                Duration::from_millis(r.max_wait_ms.into()),
-                r.min_bytes as usize,
-                max_bytes,
-            )
-            .await;
-        let mut topics: Vec<FetchTopicResponse> = Vec::new();
-        for (target, result) in targets.into_iter().zip(results) {
-            let response = match result.and_then(|d| {
-                let records = if r.raw_batches {
-                    Vec::new()
-                } else {
-                    decode_records(&d.records, target.offset, &d.aborted_ranges())?
-                };
-                Ok((d, records))
-            }) {
-                Ok((d, records)) => FetchPartitionResponse {
-                    partition: target.partition,
-                    next_fetch_offset: next_fetch_offset(&d, target.offset),
-                    high_watermark: d.high_watermark.as_i64(),
-                    log_start_offset: d.log_start_offset.as_i64(),
-                    log_end_offset: d.log_end_offset.as_i64(),
-                    last_stable_offset: d.last_stable_offset.as_i64(),
-                    aborted_transactions: if r.raw_batches {
-                        d.aborted_transactions
-                            .iter()
-                            .map(|a| proto::AbortedTransaction {
-                                producer_id: a.producer_id,
-                                first_offset: a.first_offset as i64,
-                                last_offset: a.last_offset as i64,
-                            })
-                            .collect()
-                    } else {
-                        Vec::new()
-                    },
-                    record_batches: if r.raw_batches {
-                        d.records
-                    } else {
-                        Bytes::new()
-                    },
-                    records,
-                    ..Default::default()
-                },
-                Err(e) => {
-                    let (leader_id, leader_address) = leader_fields(&e);
-                    FetchPartitionResponse {
-                        partition: target.partition,
-                        error_code: to_wire(e.code),
-                        error_message: e.message,
-                        high_watermark: -1,
-                        log_start_offset: -1,
-                        log_end_offset: -1,
-                        leader_id,
-                        leader_address,
-                        ..Default::default()
-                    }
-                }
-            };
-            match topics.iter_mut().find(|t| t.topic == target.topic) {
-                Some(t) => t.partitions.push(response),
-                None => topics.push(FetchTopicResponse {
-                    topic: target.topic,
-                    partitions: vec![response],
-                }),
-            }
-        }
-        Ok(Response::new(FetchResponse { topics }))
+        self.fetch_response(request.into_inner())
+            .await
+            .map(Response::new)
     }
 
     type SubscribeStream = PushStream;
@@ -658,6 +473,206 @@ impl Broker for BrokerService {
 }
 
 impl BrokerService {
+    /// Answers a Produce request: the tonic handler's work, shared with the listener's
+    /// path that reads record batches from the request's frames in place
+    /// (`api::fast_path`).
+    pub async fn produce_response(&self, r: ProduceRequest) -> Result<ProduceResponse, Status> {
+        if r.topics.is_empty() {
+            return Err(error_status(
+                ErrorCode::InvalidRequest,
+                "produce request names no topic",
+                None,
+            ));
+        }
+        check_partition_count(
+            "produce request",
+            r.topics.iter().map(|t| t.partitions.len()).sum(),
+        )?;
+        // A request without acks gets the durable default, as Kafka's producer does.
+        let acks = r.acks.unwrap_or(-1);
+        if !matches!(acks, -1..=1) {
+            return Err(error_status(
+                ErrorCode::InvalidRequest,
+                format!("acks must be 0, 1 or -1 (all), got {acks}"),
+                None,
+            ));
+        }
+        let timeout = Duration::from_millis(if r.timeout_ms == 0 {
+            PRODUCE_TIMEOUT_DEFAULT_MS
+        } else {
+            u64::from(r.timeout_ms)
+        });
+        // Every partition at once: acks=all waits overlap instead of adding up.
+        let mut pending = Vec::new();
+        let transactional_id = r.transactional_id.as_deref();
+        for t in &r.topics {
+            for p in &t.partitions {
+                let topic = t.topic.as_str();
+                pending.push(async move {
+                    let outcome = self
+                        .produce_partition(topic, p, acks, timeout, transactional_id)
+                        .await;
+                    (topic, p.partition, outcome)
+                });
+            }
+        }
+        let outcomes = futures_util::future::join_all(pending).await;
+        let mut topics: Vec<TopicProduceResponse> = Vec::with_capacity(r.topics.len());
+        for (topic, partition, outcome) in outcomes {
+            let response = match outcome {
+                Ok((base, start, scheduled_ids)) => PartitionProduceResponse {
+                    partition,
+                    base_offset: base,
+                    log_start_offset: start,
+                    scheduled_ids,
+                    ..Default::default()
+                },
+                Err(e) => {
+                    let (leader_id, leader_address) = leader_fields(&e);
+                    PartitionProduceResponse {
+                        partition,
+                        error_code: to_wire(e.code),
+                        error_message: e.message,
+                        base_offset: -1,
+                        log_start_offset: -1,
+                        leader_id,
+                        leader_address,
+                        scheduled_ids: Vec::new(),
+                    }
+                }
+            };
+            match topics.last_mut() {
+                Some(last) if last.topic == topic => last.partitions.push(response),
+                _ => topics.push(TopicProduceResponse {
+                    topic: topic.to_owned(),
+                    partitions: vec![response],
+                }),
+            }
+        }
+        Ok(ProduceResponse { topics })
+    }
+
+    /// Answers a Fetch request: the tonic handler's work, shared with the listener's
+    /// path that sends record batches without copying them (`api::fast_path`).
+    pub async fn fetch_response(&self, r: FetchRequest) -> Result<FetchResponse, Status> {
+        let max_bytes = if r.max_bytes == 0 {
+            FETCH_BYTES_DEFAULT
+        } else {
+            r.max_bytes as usize
+        };
+        check_partition_count(
+            "fetch request",
+            r.topics.iter().map(|t| t.partitions.len()).sum(),
+        )?;
+        let filter = parse_filter(r.filter.as_ref())?;
+        let read_committed = read_committed_of("fetch request", r.isolation)?;
+        let mut targets = Vec::new();
+        for t in &r.topics {
+            for p in &t.partitions {
+                if p.fetch_offset < 0 {
+                    return Err(error_status(
+                        ErrorCode::InvalidRequest,
+                        format!(
+                            "{}-{}: fetch_offset must be >= 0, got {}",
+                            t.topic, p.partition, p.fetch_offset
+                        ),
+                        None,
+                    ));
+                }
+                targets.push(FetchTarget {
+                    topic: t.topic.clone(),
+                    partition: p.partition,
+                    offset: p.fetch_offset as u64,
+                    max_bytes: if p.partition_max_bytes == 0 {
+                        max_bytes
+                    } else {
+                        p.partition_max_bytes as usize
+                    },
+                    filter: filter.clone(),
+                    follower_ok: r.read_from_follower,
+                    read_committed,
+                });
+            }
+        }
+        if targets.is_empty() {
+            return Err(error_status(
+                ErrorCode::InvalidRequest,
+                "fetch request names no partition",
+                None,
+            ));
+        }
+        let results = self
+            .node
+            .fetch(
+                targets.clone(),
+                Duration::from_millis(r.max_wait_ms.into()),
+                r.min_bytes as usize,
+                max_bytes,
+            )
+            .await;
+        let mut topics: Vec<FetchTopicResponse> = Vec::new();
+        for (target, result) in targets.into_iter().zip(results) {
+            let response = match result.and_then(|d| {
+                let records = if r.raw_batches {
+                    Vec::new()
+                } else {
+                    decode_records(&d.records, target.offset, &d.aborted_ranges())?
+                };
+                Ok((d, records))
+            }) {
+                Ok((d, records)) => FetchPartitionResponse {
+                    partition: target.partition,
+                    next_fetch_offset: next_fetch_offset(&d, target.offset),
+                    high_watermark: d.high_watermark.as_i64(),
+                    log_start_offset: d.log_start_offset.as_i64(),
+                    log_end_offset: d.log_end_offset.as_i64(),
+                    last_stable_offset: d.last_stable_offset.as_i64(),
+                    aborted_transactions: if r.raw_batches {
+                        d.aborted_transactions
+                            .iter()
+                            .map(|a| proto::AbortedTransaction {
+                                producer_id: a.producer_id,
+                                first_offset: a.first_offset as i64,
+                                last_offset: a.last_offset as i64,
+                            })
+                            .collect()
+                    } else {
+                        Vec::new()
+                    },
+                    record_batches: if r.raw_batches {
+                        d.records
+                    } else {
+                        Bytes::new()
+                    },
+                    records,
+                    ..Default::default()
+                },
+                Err(e) => {
+                    let (leader_id, leader_address) = leader_fields(&e);
+                    FetchPartitionResponse {
+                        partition: target.partition,
+                        error_code: to_wire(e.code),
+                        error_message: e.message,
+                        high_watermark: -1,
+                        log_start_offset: -1,
+                        log_end_offset: -1,
+                        leader_id,
+                        leader_address,
+                        ..Default::default()
+                    }
+                }
+            };
+            match topics.iter_mut().find(|t| t.topic == target.topic) {
+                Some(t) => t.partitions.push(response),
+                None => topics.push(FetchTopicResponse {
+                    topic: target.topic,
+                    partitions: vec![response],
+                }),
+            }
+        }
+        Ok(FetchResponse { topics })
+    }
+
     /// One partition of a Produce: appended, or, when its records carry a delay, scheduled
     /// (every record is checked before anything is written).
     async fn produce_partition(

@@ -8,6 +8,7 @@ pub mod code_layer;
 pub mod codec;
 pub mod controller_service;
 pub mod convert;
+pub mod fast_path;
 pub mod forward;
 pub mod groups_service;
 pub mod internal_topics;

@@ -402,10 +402,7 @@ impl Consumer {
                 },
             };
             tasks.spawn(async move {
-                let r = BrokerClient::new(channel)
-                    .max_decoding_message_size(RESPONSE_BYTES_MAX)
-                    .fetch(request)
-                    .await;
+                let r = super::raw_call::fetch(channel, request, RESPONSE_BYTES_MAX).await;
                 (followed, r)
             });
         }
@@ -414,7 +411,7 @@ impl Consumer {
         let retry_followers_at = Instant::now() + FOLLOWER_RETRY_AFTER;
         while let Some(joined) = tasks.join_next().await {
             let (followed, response) = match joined {
-                Ok((followed, Ok(r))) => (followed, r.into_inner()),
+                Ok((followed, Ok(r))) => (followed, r),
                 Ok((followed, Err(status))) => {
                     let e = ClientError::new(code_of(&status), status.message().to_owned());
                     if !followed.is_empty() {
@@ -470,6 +467,7 @@ impl Consumer {
                     .map_err(|e| {
                         ClientError::new(ErrorCode::CorruptMessage, format!("fetched batch: {e}"))
                     })?;
+                    out.reserve(decoded.len());
                     for r in decoded {
                         if let Some(pos) = self.positions.get_mut(&key) {
                             if r.offset < *pos {

@@ -27,6 +27,7 @@ pub mod partitioner;
 pub mod producer;
 pub mod push_consumer;
 pub mod push_feed;
+pub mod raw_call;
 pub mod retry;
 pub mod transactions;
 

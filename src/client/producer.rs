@@ -60,7 +60,6 @@ use super::group_consumer::GroupMetadata;
 use super::groups::GroupsAdmin;
 use super::partitioner::{Partitioner, Partitioning};
 use super::transactions::{CheckVerdict, TransactionCheck, TransactionChecker, TxnClient};
-use crate::api::proto::broker_client::BrokerClient;
 use crate::api::proto::txn_check_answer;
 use crate::api::proto::{
     CommittedOffset, PartitionProduceData, ProduceRequest, ProduceResponse, TopicProduceData,
@@ -1600,22 +1599,21 @@ async fn call_produce(
     channel: tonic::transport::Channel,
     request: ProduceRequest,
 ) -> Result<ProduceResponse, ClientError> {
-    let mut client = BrokerClient::new(channel);
-    Ok(
-        tokio::time::timeout(shared.config.request_timeout, client.produce(request))
-            .await
-            .map_err(|_| {
-                ClientError::new(
-                    ErrorCode::RequestTimedOut,
-                    format!(
-                        "no produce answer within {} ms",
-                        shared.config.request_timeout.as_millis()
-                    ),
-                )
-            })?
-            .map_err(ClientError::from)?
-            .into_inner(),
+    Ok(tokio::time::timeout(
+        shared.config.request_timeout,
+        super::raw_call::produce(channel, request),
     )
+    .await
+    .map_err(|_| {
+        ClientError::new(
+            ErrorCode::RequestTimedOut,
+            format!(
+                "no produce answer within {} ms",
+                shared.config.request_timeout.as_millis()
+            ),
+        )
+    })?
+    .map_err(ClientError::from)?)
 }
 
 /// A partition's result in a produce response: its base offset, or its error.

@@ -20,6 +20,7 @@
 //! An internal listener (node-to-node RPCs) first runs the node handshake of
 //! [`node_auth`] on every connection, then the same checks.
 
+pub mod grpc_pieces;
 pub mod node_auth;
 
 use std::collections::HashMap;
@@ -49,14 +50,25 @@ const ACCEPTED_QUEUE: usize = 128;
 pub const HTTP2_STREAM_WINDOW_BYTES: u32 = 8 * 1024 * 1024;
 /// HTTP/2 flow-control window per connection (shared by its streams).
 pub const HTTP2_CONNECTION_WINDOW_BYTES: u32 = 32 * 1024 * 1024;
-/// Largest HTTP/2 frame a peer may send us (the default is 16 KiB: 64 frames per MiB).
+/// Largest HTTP/2 frame a client may send a server (the default is 16 KiB: 64 frames per
+/// MiB). A produce request's record batches, sent as one piece (`grpc_pieces`), cross in
+/// one frame up to this size. Not larger: a server holds a frame whole before it can
+/// refuse it, and a hostile peer claiming the protocol's 16 MiB maximum would make every
+/// connection slot cost that much, and keep its connection until keepalive gives up.
 pub const HTTP2_FRAME_BYTES_MAX: u32 = 1024 * 1024;
+
+/// Largest HTTP/2 frame a client lets a server send it: the protocol's maximum. A fetch
+/// answer's record batches (up to the fetch's `max_bytes`, 8 MiB in the Rust consumer)
+/// then cross in one frame and are decoded in place rather than joined from several.
+/// Flow control still bounds what a server may send unasked.
+pub const HTTP2_RESPONSE_FRAME_BYTES_MAX: u32 = (1 << 24) - 1;
 
 /// A client endpoint with the HTTP/2 settings every tidelog connection uses.
 pub fn tune_endpoint(endpoint: tonic::transport::Endpoint) -> tonic::transport::Endpoint {
     endpoint
         .initial_stream_window_size(HTTP2_STREAM_WINDOW_BYTES)
         .initial_connection_window_size(HTTP2_CONNECTION_WINDOW_BYTES)
+        .max_frame_size(HTTP2_RESPONSE_FRAME_BYTES_MAX)
         .tcp_nodelay(true)
 }
 

@@ -554,7 +554,15 @@ fn decode_data_records_with(
     skip: impl Fn(&BatchHeader) -> bool,
     record: impl Fn(&RecordView<'_>, bool) -> Record,
 ) -> Result<Vec<super::Record>, RecordError> {
-    let mut out = Vec::new();
+    // Sized once from the headers: growing a vector of thousands of records by doubling
+    // copied it several times over, into freshly faulted memory (docs/performance.md).
+    // Capped by what the bytes can hold (a stored record takes at least 7 bytes), so
+    // headers claiming more cannot make it large.
+    let declared: usize = BatchIter::new(buf)
+        .map_while(Result::ok)
+        .map(|b| b.header().record_count.clamp(0, 4096) as usize)
+        .sum();
+    let mut out = Vec::with_capacity(declared.min(buf.len() / 7));
     let mut budget = max_uncompressed_bytes;
     for batch in BatchIter::new(buf) {
         let batch = batch?;

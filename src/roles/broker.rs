@@ -12,6 +12,7 @@ use crate::api::admin_service::ControllerAdminService;
 use crate::api::broker_admin_service::{AdminBackend, BrokerAdminService};
 use crate::api::broker_service::BrokerService;
 use crate::api::code_layer::CodeLayer;
+use crate::api::fast_path::FastPath;
 use crate::api::groups_service::GroupsService;
 use crate::api::port_guard::RefuseInternalLayer;
 use crate::api::proto::admin_server::AdminServer;
@@ -240,7 +241,7 @@ impl BrokerRuntime {
         &self,
         local: Option<ControllerAdminService>,
     ) -> (
-        BrokerServer<BrokerService>,
+        FastPath<BrokerServer<BrokerService>>,
         AdminServer<BrokerAdminService>,
         ReplicationServer<ReplicationService>,
         GroupsServer<GroupsService>,
@@ -253,12 +254,19 @@ impl BrokerRuntime {
             )
         };
         let auto_create = self.config.auto_create_topics_enable.then(controllers);
-        let broker = BrokerServer::new(
+        let service = Arc::new(
             BrokerService::new(self.node.clone(), auto_create)
                 .with_timers(self.timer_front.clone()),
-        )
-        .max_decoding_message_size(self.config.max_request_bytes)
-        .max_encoding_message_size(self.config.fetch_max_bytes + 1024 * 1024);
+        );
+        let response_bytes_max = self.config.fetch_max_bytes + 1024 * 1024;
+        let broker = FastPath::new(
+            BrokerServer::from_arc(service.clone())
+                .max_decoding_message_size(self.config.max_request_bytes)
+                .max_encoding_message_size(response_bytes_max),
+            service,
+            self.config.max_request_bytes,
+            response_bytes_max,
+        );
         let admin = AdminServer::new(self.admin_service(local));
         let replication = ReplicationServer::new(ReplicationService::new(self.node.clone()))
             .max_decoding_message_size(self.config.max_request_bytes)
