@@ -1599,7 +1599,7 @@ async fn call_produce(
     channel: tonic::transport::Channel,
     request: ProduceRequest,
 ) -> Result<ProduceResponse, ClientError> {
-    Ok(tokio::time::timeout(
+    tokio::time::timeout(
         shared.config.request_timeout,
         super::raw_call::produce(channel, request),
     )
@@ -1613,7 +1613,7 @@ async fn call_produce(
             ),
         )
     })?
-    .map_err(ClientError::from)?)
+    .map_err(ClientError::from)
 }
 
 /// A partition's result in a produce response: its base offset, or its error.
