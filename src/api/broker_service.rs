@@ -325,13 +325,9 @@ impl Broker for BrokerService {
         &self,
         request: Request<tonic::Streaming<SubscribeRequest>>,
     ) -> Result<Response<PushStream>, Status> {
-        super::push_service::subscribe(
-            self.node.clone(),
-            self.push_sessions.clone(),
-            request.into_inner(),
-        )
-        .await
-        .map(Response::new)
+        self.subscribe_stream(request.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn cancel_scheduled(
@@ -550,6 +546,15 @@ impl BrokerService {
             }
         }
         Ok(ProduceResponse { topics })
+    }
+
+    /// Serves a Subscribe call: the tonic handler's work, shared with the listener's path
+    /// that sends pushed record batches without copying them (`api::fast_path`).
+    pub async fn subscribe_stream(
+        &self,
+        inbound: tonic::Streaming<SubscribeRequest>,
+    ) -> Result<PushStream, Status> {
+        super::push_service::subscribe(self.node.clone(), self.push_sessions.clone(), inbound).await
     }
 
     /// Answers a Fetch request: the tonic handler's work, shared with the listener's

@@ -7,10 +7,12 @@
 //!   buffer the frames were first copied into.
 //! - **Fetch**: the answer goes out in pieces, each partition's `record_batches` (read
 //!   from the log) a piece of its own that HTTP/2 writes to the socket as it is.
+//! - **Subscribe**: each pushed message's `record_batches` likewise.
 //!
-//! Both build the very messages the tonic handlers do ([`BrokerService::produce_response`],
-//! [`BrokerService::fetch_response`]); errors are answered as tonic would, with the same
-//! statuses. Every other method goes to tonic.
+//! All three build the very messages the tonic handlers do
+//! ([`BrokerService::produce_response`], [`BrokerService::fetch_response`],
+//! [`BrokerService::subscribe_stream`]); errors are answered as tonic would, with the
+//! same statuses. Every other method goes to tonic.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -25,10 +27,36 @@ use tonic::Status;
 use tower::Service;
 
 use super::broker_service::BrokerService;
-use super::proto::{FETCH_PATH, FETCH_RESPONSE, PRODUCE_PATH};
-use crate::net::grpc_pieces::{
-    decode_unary, encode_nested, encode_whole, read_body, PiecesBody, GRPC_HEADER_LEN,
+use super::proto::subscribe_response::Message as Pushed;
+use super::proto::{
+    SubscribeRequest, SubscribeResponse, FETCH_PATH, FETCH_RESPONSE, PRODUCE_PATH, SUBSCRIBE_PATH,
 };
+use crate::net::grpc_pieces::{
+    decode_unary, encode_nested, encode_whole, encode_wrapped, read_body, PiecesBody, StreamBody,
+    GRPC_HEADER_LEN,
+};
+
+/// Field numbers of `SubscribeResponse.records` and `PushedRecords.record_batches`
+/// (proto/tidelog/v1/broker.proto).
+const SUBSCRIBE_RECORDS: u32 = 1;
+const PUSHED_RECORD_BATCHES: u32 = 4;
+
+/// A pushed message as one gRPC message in pieces, its record batches a piece of their
+/// own (pure).
+pub fn pushed_pieces(message: SubscribeResponse) -> Vec<Bytes> {
+    match message.message {
+        Some(Pushed::Records(mut records)) => {
+            let batches = std::mem::take(&mut records.record_batches);
+            encode_wrapped(
+                &[SUBSCRIBE_RECORDS],
+                &records,
+                PUSHED_RECORD_BATCHES,
+                batches,
+            )
+        }
+        other => vec![encode_whole(&SubscribeResponse { message: other })],
+    }
+}
 
 /// The Broker service with Produce and Fetch answered here; every other method (and
 /// anything else on the Broker path) goes to `inner`, the tonic service.
@@ -95,6 +123,20 @@ where
                 let response = service.fetch_response(request).await?;
                 respond(encode_nested(response, &FETCH_RESPONSE), response_max)
             }),
+            SUBSCRIBE_PATH => Box::pin(async move {
+                let (request_max, _) = limits;
+                let inbound = tonic::codec::Streaming::new_request(
+                    tonic_prost::ProstDecoder::<SubscribeRequest>::default(),
+                    request.into_body(),
+                    None,
+                    Some(request_max),
+                );
+                let pushed = service.subscribe_stream(inbound).await?;
+                let body = StreamBody::new(futures_util::StreamExt::map(pushed, |m| {
+                    m.map(pushed_pieces)
+                }));
+                Ok(grpc_response(Body::new(body)))
+            }),
             _ => return Box::pin(self.inner.call(request)),
         };
         Box::pin(async move { Ok(answer.await.unwrap_or_else(Status::into_http)) })
@@ -126,10 +168,15 @@ fn respond(pieces: Vec<Bytes>, message_max: usize) -> Result<http::Response<Body
             "Error, encoded message length too large: found {len} bytes, the limit is: {message_max} bytes"
         )));
     }
-    Ok(http::Response::builder()
+    Ok(grpc_response(Body::new(PiecesBody::ok_response(pieces))))
+}
+
+/// A gRPC response of `body`.
+fn grpc_response(body: Body) -> http::Response<Body> {
+    http::Response::builder()
         .header("content-type", "application/grpc")
-        .body(Body::new(PiecesBody::ok_response(pieces)))
-        .expect("static headers are valid"))
+        .body(body)
+        .expect("static headers are valid")
 }
 
 #[cfg(test)]
@@ -150,6 +197,7 @@ mod tests {
         let name = <BrokerServer<BrokerService> as NamedService>::NAME;
         assert_eq!(FETCH_PATH, format!("/{name}/Fetch"));
         assert_eq!(PRODUCE_PATH, format!("/{name}/Produce"));
+        assert_eq!(SUBSCRIBE_PATH, format!("/{name}/Subscribe"));
     }
 
     /// Record batches of lengths around the size from which they travel as pieces.
@@ -295,7 +343,65 @@ mod tests {
         Ok(())
     }
 
+    fn pushed() -> impl Strategy<Value = SubscribeResponse> {
+        use crate::api::proto::{PushedPartitionError, PushedRecords, SubscribeHeartbeat};
+        prop_oneof![
+            (
+                any::<u32>(),
+                batches(),
+                any::<i64>(),
+                any::<u64>(),
+                prop::collection::vec(any::<u8>(), 0..2)
+            )
+                .prop_map(|(partition, record_batches, offset, window_bytes, keys)| {
+                    SubscribeResponse {
+                        message: Some(Pushed::Records(PushedRecords {
+                            topic: "t".into(),
+                            partition,
+                            records: keys
+                                .into_iter()
+                                .map(|k| ConsumedRecord {
+                                    offset: k.into(),
+                                    ..Default::default()
+                                })
+                                .collect(),
+                            record_batches,
+                            next_fetch_offset: offset,
+                            high_watermark: offset,
+                            record_count: partition,
+                            window_bytes,
+                            assignment_id: window_bytes,
+                        })),
+                    }
+                }),
+            any::<u32>().prop_map(|partition| SubscribeResponse {
+                message: Some(Pushed::PartitionError(PushedPartitionError {
+                    topic: "t".into(),
+                    partition,
+                    ..Default::default()
+                })),
+            }),
+            Just(SubscribeResponse {
+                message: Some(Pushed::Heartbeat(SubscribeHeartbeat::default())),
+            }),
+            Just(SubscribeResponse { message: None }),
+        ]
+    }
+
     proptest! {
+        #[test]
+        fn pushed_messages_in_pieces_decode_to_the_message(
+            m in pushed(),
+            cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8),
+        ) {
+            let large = match &m.message {
+                Some(Pushed::Records(r)) => vec![r.record_batches.clone()],
+                _ => Vec::new(),
+            };
+            let pieces = pushed_pieces(m.clone());
+            check_pieces(&m, &pieces, large, &cuts)?;
+        }
+
         #[test]
         fn fetch_answers_in_pieces_decode_to_the_answer(
             r in fetch_response(),

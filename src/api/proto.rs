@@ -15,6 +15,10 @@ pub const FETCH_PATH: &str = "/tidelog.v1.Broker/Fetch";
 /// its frames in place (`api::fast_path`).
 pub const PRODUCE_PATH: &str = "/tidelog.v1.Broker/Produce";
 
+/// The HTTP path of `tidelog.v1.Broker/Subscribe`, whose pushed record batches the
+/// broker sends in pieces (`api::fast_path`).
+pub const SUBSCRIBE_PATH: &str = "/tidelog.v1.Broker/Subscribe";
+
 /// Where a FetchResponse keeps its record batches: sent in pieces by the broker.
 pub const FETCH_RESPONSE: Nested<FetchResponse, FetchTopicResponse, FetchPartitionResponse> =
     Nested {

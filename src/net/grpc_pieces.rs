@@ -126,6 +126,56 @@ pub fn encode_nested<O: Message, T: Message, P: Message>(
     out.finish()
 }
 
+/// A message whose one field is a chain of messages, field `wrappers[0]` outermost, the
+/// innermost holding `fields` and the large field `large_tag` = `large`, as one gRPC
+/// message (prefix included) in pieces: the large field, if at least `SHARE_MIN_BYTES`
+/// long, is a piece of its own (pure).
+pub fn encode_wrapped(
+    wrappers: &[u32],
+    fields: &impl Message,
+    large_tag: u32,
+    large: Bytes,
+) -> Vec<Bytes> {
+    let inner = fields.encoded_len()
+        + if large.is_empty() {
+            0
+        } else {
+            nested_len(large_tag, large.len())
+        };
+    // Each wrapper's length, innermost last.
+    let mut lens = vec![inner; wrappers.len()];
+    for i in (0..wrappers.len().saturating_sub(1)).rev() {
+        lens[i] = nested_len(wrappers[i + 1], lens[i + 1]);
+    }
+    let total = match wrappers.first() {
+        Some(&tag) => nested_len(tag, lens[0]),
+        None => inner,
+    };
+    let copied = GRPC_HEADER_LEN + total
+        - if large.len() >= SHARE_MIN_BYTES {
+            large.len()
+        } else {
+            0
+        };
+    let mut out = PiecesWriter::new(copied);
+    out.head.put_u8(0);
+    out.head
+        .put_u32(u32::try_from(total).expect("messages are bounded far below 4 GiB"));
+    for (&tag, &len) in wrappers.iter().zip(&lens) {
+        encode_key(tag, WireType::LengthDelimited, &mut out.head);
+        encode_varint(len as u64, &mut out.head);
+    }
+    fields
+        .encode(&mut out.head)
+        .expect("the buffer grows as needed");
+    if !large.is_empty() {
+        encode_key(large_tag, WireType::LengthDelimited, &mut out.head);
+        encode_varint(large.len() as u64, &mut out.head);
+        out.push(large);
+    }
+    out.finish()
+}
+
 /// `message` as one gRPC message (prefix included) in one piece.
 pub fn encode_whole(message: &impl Message) -> Bytes {
     let len = message.encoded_len();
@@ -237,6 +287,65 @@ impl http_body::Body for PiecesBody {
 
     fn size_hint(&self) -> http_body::SizeHint {
         http_body::SizeHint::with_exact(self.pieces.iter().map(|p| p.len() as u64).sum())
+    }
+}
+
+/// A streaming gRPC response body: each message's pieces as the stream yields them, then
+/// the stream's end as trailers (`grpc-status: 0`, or the error it ended with).
+pub struct StreamBody<S> {
+    messages: S,
+    pending: VecDeque<Bytes>,
+    ended: bool,
+}
+
+impl<S> StreamBody<S> {
+    /// A body of the messages `messages` yields, each already in pieces.
+    pub fn new(messages: S) -> Self {
+        Self {
+            messages,
+            pending: VecDeque::new(),
+            ended: false,
+        }
+    }
+}
+
+impl<S> http_body::Body for StreamBody<S>
+where
+    S: futures_util::Stream<Item = Result<Vec<Bytes>, Status>> + Unpin,
+{
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Status>>> {
+        loop {
+            if let Some(piece) = self.pending.pop_front() {
+                return Poll::Ready(Some(Ok(http_body::Frame::data(piece))));
+            }
+            if self.ended {
+                return Poll::Ready(None);
+            }
+            let status = match std::task::ready!(Pin::new(&mut self.messages).poll_next(cx)) {
+                Some(Ok(pieces)) => {
+                    self.pending.extend(pieces);
+                    continue;
+                }
+                Some(Err(status)) => status,
+                None => Status::ok(""),
+            };
+            self.ended = true;
+            let mut trailers = http::HeaderMap::new();
+            if status.add_header(&mut trailers).is_err() {
+                trailers.insert("grpc-status", http::HeaderValue::from_static("13"));
+            }
+            return Poll::Ready(Some(Ok(http_body::Frame::trailers(trailers))));
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended && self.pending.is_empty()
     }
 }
 
