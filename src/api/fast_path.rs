@@ -11,8 +11,9 @@
 //!
 //! All three build the very messages the tonic handlers do
 //! ([`BrokerService::produce_response`], [`BrokerService::fetch_response`],
-//! [`BrokerService::subscribe_stream`]); errors are answered as tonic would, with the
-//! same statuses. Every other method goes to tonic.
+//! [`BrokerService::subscribe_stream`]); errors are answered with the codes tonic gives
+//! (refusals before the handler get their tidelog code from `CodeLayer`, as tonic's
+//! did). Every other method goes to tonic.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -20,6 +21,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use prost::Message;
 use tonic::body::Body;
 use tonic::codegen::http;
 use tonic::server::NamedService;
@@ -33,7 +35,6 @@ use super::proto::{
 };
 use crate::net::grpc_pieces::{
     decode_unary, encode_nested, encode_whole, encode_wrapped, read_body, PiecesBody, StreamBody,
-    GRPC_HEADER_LEN,
 };
 
 /// Field numbers of `SubscribeResponse.records` and `PushedRecords.record_batches`
@@ -82,7 +83,8 @@ impl<S> FastPath<S> {
             inner,
             service,
             request_bytes_max,
-            response_bytes_max,
+            // Below what a gRPC prefix can declare, so encoding never meets a larger one.
+            response_bytes_max: response_bytes_max.min(u32::MAX as usize),
         }
     }
 }
@@ -115,16 +117,19 @@ where
                 let (request_max, response_max) = limits;
                 let request = read_request(request, request_max).await?;
                 let response = service.produce_response(request).await?;
-                respond(vec![encode_whole(&response)], response_max)
+                check_size(response.encoded_len(), response_max)?;
+                Ok(ok_response(vec![encode_whole(&response)]))
             }) as Pin<Box<dyn std::future::Future<Output = _> + Send>>,
             FETCH_PATH => Box::pin(async move {
                 let (request_max, response_max) = limits;
                 let request = read_request(request, request_max).await?;
                 let response = service.fetch_response(request).await?;
-                respond(encode_nested(response, &FETCH_RESPONSE), response_max)
+                check_size(response.encoded_len(), response_max)?;
+                Ok(ok_response(encode_nested(response, &FETCH_RESPONSE)))
             }),
             SUBSCRIBE_PATH => Box::pin(async move {
-                let (request_max, _) = limits;
+                let (request_max, response_max) = limits;
+                check_identity(&request)?;
                 let inbound = tonic::codec::Streaming::new_request(
                     tonic_prost::ProstDecoder::<SubscribeRequest>::default(),
                     request.into_body(),
@@ -132,8 +137,12 @@ where
                     Some(request_max),
                 );
                 let pushed = service.subscribe_stream(inbound).await?;
-                let body = StreamBody::new(futures_util::StreamExt::map(pushed, |m| {
-                    m.map(pushed_pieces)
+                // A message above the limit ends the stream with its status, as tonic's
+                // encoder did.
+                let body = StreamBody::new(futures_util::StreamExt::map(pushed, move |m| {
+                    let m = m?;
+                    check_size(m.encoded_len(), response_max)?;
+                    Ok(pushed_pieces(m))
                 }));
                 Ok(grpc_response(Body::new(body)))
             }),
@@ -148,27 +157,41 @@ async fn read_request<M: prost::Message + Default>(
     request: http::Request<Body>,
     message_max: usize,
 ) -> Result<M, Status> {
-    if let Some(encoding) = request.headers().get("grpc-encoding") {
-        if encoding != "identity" {
-            return Err(Status::unimplemented(format!(
-                "Content is compressed with `{}` which isn't supported",
-                encoding.to_str().unwrap_or("?")
-            )));
-        }
-    }
+    check_identity(&request)?;
     let (frames, _trailers) = read_body(request.into_body(), message_max).await?;
     decode_unary(frames, message_max)
 }
 
-/// A successful answer of `pieces` (one message of at most `message_max` bytes).
-fn respond(pieces: Vec<Bytes>, message_max: usize) -> Result<http::Response<Body>, Status> {
-    let len = pieces.iter().map(Bytes::len).sum::<usize>() - GRPC_HEADER_LEN;
-    if len > message_max {
+/// Refuses a compressed request as tonic does: this server accepts no compression.
+fn check_identity(request: &http::Request<Body>) -> Result<(), Status> {
+    match request.headers().get("grpc-encoding") {
+        Some(encoding) if encoding != "identity" => {
+            let mut status = Status::unimplemented(format!(
+                "Content is compressed with `{}` which isn't supported",
+                encoding.to_str().unwrap_or("?")
+            ));
+            status
+                .metadata_mut()
+                .insert("grpc-accept-encoding", "identity".parse().expect("ASCII"));
+            Err(status)
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Refuses a message of `len` bytes above `max`, before it is encoded.
+fn check_size(len: usize, max: usize) -> Result<(), Status> {
+    if len > max {
         return Err(Status::out_of_range(format!(
-            "Error, encoded message length too large: found {len} bytes, the limit is: {message_max} bytes"
+            "Error, encoded message length too large: found {len} bytes, the limit is: {max} bytes"
         )));
     }
-    Ok(grpc_response(Body::new(PiecesBody::ok_response(pieces))))
+    Ok(())
+}
+
+/// A successful unary answer of `pieces`.
+fn ok_response(pieces: Vec<Bytes>) -> http::Response<Body> {
+    grpc_response(Body::new(PiecesBody::ok_response(pieces)))
 }
 
 /// A gRPC response of `body`.
@@ -188,7 +211,7 @@ mod tests {
         FetchTopicResponse, Header, PartitionProduceData, ProduceRequest, TopicProduceData,
         PRODUCE_REQUEST,
     };
-    use crate::net::grpc_pieces::Frames;
+    use crate::net::grpc_pieces::{Frames, GRPC_HEADER_LEN};
     use proptest::prelude::*;
     use prost::Message;
 

@@ -284,10 +284,6 @@ impl http_body::Body for PiecesBody {
     fn is_end_stream(&self) -> bool {
         self.pieces.is_empty() && self.trailers.is_none()
     }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        http_body::SizeHint::with_exact(self.pieces.iter().map(|p| p.len() as u64).sum())
-    }
 }
 
 /// A streaming gRPC response body: each message's pieces as the stream yields them, then
@@ -349,22 +345,64 @@ where
     }
 }
 
+/// Received frames shorter than this are copied together rather than kept one by one:
+/// a peer sending a message as thousands of tiny frames must not make each cost a
+/// `Bytes` (and pin the read buffer it points into).
+const KEEP_FRAME_MIN_BYTES: usize = 16 * 1024;
+
 /// Received frames read as one buffer; [`Buf::copy_to_bytes`] of a range inside one
 /// frame shares it.
 #[derive(Debug, Default)]
 pub struct Frames {
     /// Never holds an empty frame.
     frames: VecDeque<Bytes>,
+    /// Small frames received since the last kept one, copied together.
+    small: BytesMut,
     remaining: usize,
 }
 
 impl Frames {
-    /// Appends a received frame.
+    /// Appends a received frame: kept as it is when large, else copied after the
+    /// previous small ones. Call [`Frames::finish`] after the last.
     pub fn push(&mut self, frame: Bytes) {
-        if !frame.is_empty() {
-            self.remaining += frame.len();
-            self.frames.push_back(frame);
+        if frame.is_empty() {
+            return;
         }
+        self.remaining += frame.len();
+        if frame.len() < KEEP_FRAME_MIN_BYTES {
+            self.small.extend_from_slice(&frame);
+            return;
+        }
+        self.flush_small();
+        self.frames.push_back(frame);
+    }
+
+    /// Ends the frames: from here on they read as one buffer.
+    pub fn finish(&mut self) {
+        self.flush_small();
+    }
+
+    fn flush_small(&mut self) {
+        if !self.small.is_empty() {
+            self.frames.push_back(self.small.split().freeze());
+        }
+    }
+
+    /// The message length a gRPC prefix at the start declares, once 5 bytes are in.
+    fn declared_len(&self) -> Option<usize> {
+        let mut prefix = [0u8; GRPC_HEADER_LEN];
+        let mut filled = 0;
+        for part in self.frames.iter().map(|f| &f[..]).chain([&self.small[..]]) {
+            let n = part.len().min(GRPC_HEADER_LEN - filled);
+            prefix[filled..filled + n].copy_from_slice(&part[..n]);
+            filled += n;
+            if filled == GRPC_HEADER_LEN {
+                return Some(
+                    u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize,
+                );
+            }
+        }
+        None
     }
 }
 
@@ -412,8 +450,9 @@ impl Buf for Frames {
     }
 }
 
-/// Reads `body` to its end: its data frames (refused with tonic's `OUT_OF_RANGE` once
-/// they hold more than one message of `message_max` bytes) and its trailers.
+/// Reads `body` to its end: its data frames and its trailers. A message declared longer
+/// than `message_max` is refused with tonic's `OUT_OF_RANGE` at once; a body longer than
+/// one such message with `INTERNAL`.
 pub async fn read_body<B>(
     mut body: B,
     message_max: usize,
@@ -427,8 +466,14 @@ where
         match frame?.into_data() {
             Ok(data) => {
                 frames.push(data);
+                // Refused as soon as the prefix declares too much, as tonic does.
+                if let Some(declared) = frames.declared_len().filter(|&l| l > message_max) {
+                    return Err(too_large(declared, message_max));
+                }
                 if frames.remaining() > GRPC_HEADER_LEN + message_max {
-                    return Err(too_large(frames.remaining() - GRPC_HEADER_LEN, message_max));
+                    return Err(Status::internal(format!(
+                        "protocol error: a unary body holds more than one message of at most {message_max} bytes"
+                    )));
                 }
             }
             Err(frame) => {
@@ -438,15 +483,17 @@ where
             }
         }
     }
+    frames.finish();
     Ok((frames, trailers))
 }
 
-/// The one gRPC message in `frames`, decoded; errors are the statuses tonic gives for
-/// the same faults (pure).
+/// The one gRPC message in `frames`, decoded; errors have the codes tonic gives the
+/// same faults (pure).
 pub fn decode_unary<M: Message + Default>(
     mut frames: Frames,
     message_max: usize,
 ) -> Result<M, Status> {
+    frames.finish();
     if frames.remaining() < GRPC_HEADER_LEN {
         return Err(Status::internal("Missing message."));
     }
@@ -466,8 +513,8 @@ pub fn decode_unary<M: Message + Default>(
             frames.remaining()
         )));
     }
-    M::decode(&mut frames)
-        .map_err(|e| Status::internal(format!("failed to decode Protobuf message: {e}")))
+    // prost's message reads "failed to decode Protobuf message: ...", as tonic's does.
+    M::decode(&mut frames).map_err(|e| Status::internal(e.to_string()))
 }
 
 fn too_large(found: usize, limit: usize) -> Status {
@@ -512,16 +559,40 @@ mod tests {
     }
 
     #[test]
-    fn a_field_inside_one_frame_is_shared_not_copied() {
-        let w = Bytes::from(wire(&[9; 5000]));
+    fn a_field_inside_one_large_frame_is_shared_not_copied() {
+        let w = Bytes::from(wire(&[9; 20_000]));
         let mut frames = Frames::default();
         frames.push(w.slice(..3));
         let rest = w.slice(3..);
         frames.push(rest.clone());
         let decoded: Bytes = decode_unary(frames, 1 << 20).unwrap();
-        assert_eq!(decoded.len(), 5000);
+        assert_eq!(decoded.len(), 20_000);
         let inside = rest.as_ptr() as usize..rest.as_ptr() as usize + rest.len();
         assert!(inside.contains(&(decoded.as_ptr() as usize)));
+    }
+
+    #[test]
+    fn tiny_frames_are_kept_together() {
+        let w = wire(&[7; 3000]);
+        let mut frames = Frames::default();
+        for b in &w {
+            frames.push(Bytes::copy_from_slice(&[*b]));
+        }
+        frames.finish();
+        assert_eq!(frames.frames.len(), 1);
+        let decoded: Bytes = decode_unary(frames, 1 << 20).unwrap();
+        assert_eq!(&decoded[..], &[7; 3000][..]);
+    }
+
+    #[test]
+    fn a_declared_length_above_the_limit_is_refused_before_the_body() {
+        let w = wire(&[1; 100]);
+        let mut frames = Frames::default();
+        assert_eq!(frames.declared_len(), None);
+        frames.push(Bytes::copy_from_slice(&w[..2]));
+        assert_eq!(frames.declared_len(), None);
+        frames.push(Bytes::copy_from_slice(&w[2..6]));
+        assert_eq!(frames.declared_len(), Some(w.len() - GRPC_HEADER_LEN));
     }
 
     #[test]
@@ -551,7 +622,6 @@ mod tests {
         use http_body::Body as _;
         let mut body =
             PiecesBody::ok_response(vec![Bytes::from_static(b"ab"), Bytes::from_static(b"c")]);
-        assert_eq!(body.size_hint().exact(), Some(3));
         let waker = futures_util::task::noop_waker();
         let mut cx = Context::from_waker(&waker);
         let mut data = Vec::new();
