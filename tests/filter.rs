@@ -92,10 +92,14 @@ fn consume(bootstrap: &str, topic: &str, extra: &[&str]) -> Vec<(u32, i64, usize
     parse_lines(&out)
 }
 
+/// The complete lines of `out`: a member's output file is read while it is being
+/// written, and its last line may not be whole yet.
 fn parse_lines(out: &str) -> Vec<(u32, i64, usize, String)> {
-    out.lines()
+    out.split_inclusive('\n')
+        .filter_map(|l| l.strip_suffix('\n'))
         .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let v: serde_json::Value = serde_json::from_str(l)
+                .unwrap_or_else(|e| panic!("{e}: line {l:?} of the output:\n{out}"));
             (
                 v["partition"].as_u64().unwrap() as u32,
                 v["offset"].as_i64().unwrap(),
