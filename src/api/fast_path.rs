@@ -223,6 +223,33 @@ mod tests {
         assert_eq!(SUBSCRIBE_PATH, format!("/{name}/Subscribe"));
     }
 
+    #[test]
+    fn compressed_requests_and_oversized_answers_are_refused_as_tonic_does() {
+        let request = |encoding: Option<&str>| {
+            let mut r = http::Request::builder().uri(FETCH_PATH);
+            if let Some(e) = encoding {
+                r = r.header("grpc-encoding", e);
+            }
+            r.body(Body::empty()).unwrap()
+        };
+        assert!(check_identity(&request(None)).is_ok());
+        assert!(check_identity(&request(Some("identity"))).is_ok());
+        let refused = check_identity(&request(Some("gzip"))).unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::Unimplemented);
+        assert_eq!(
+            refused.metadata().get("grpc-accept-encoding").unwrap(),
+            "identity"
+        );
+        assert!(check_size(100, 100).is_ok());
+        let too_large = check_size(101, 100).unwrap_err();
+        assert_eq!(too_large.code(), tonic::Code::OutOfRange);
+        assert!(
+            too_large.message().contains("101"),
+            "{}",
+            too_large.message()
+        );
+    }
+
     /// Record batches of lengths around the size from which they travel as pieces.
     fn batches() -> impl Strategy<Value = Bytes> {
         prop::sample::select(vec![0usize, 1, 100, 4095, 4096, 70_000])

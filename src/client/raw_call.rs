@@ -114,3 +114,22 @@ fn code_of_http(status: http::StatusCode) -> Code {
         _ => Code::Unknown,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http_failures_map_to_grpcs_codes() {
+        assert_eq!(
+            code_of_http(http::StatusCode::NOT_FOUND),
+            Code::Unimplemented
+        );
+        assert_eq!(
+            code_of_http(http::StatusCode::SERVICE_UNAVAILABLE),
+            Code::Unavailable
+        );
+        assert_eq!(code_of_http(http::StatusCode::BAD_REQUEST), Code::Internal);
+        assert_eq!(code_of_http(http::StatusCode::IM_A_TEAPOT), Code::Unknown);
+    }
+}
